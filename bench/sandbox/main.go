@@ -1,0 +1,130 @@
+//go:build linux
+
+// Command sandbox benchmarks the sandbox lifecycle on this machine: create,
+// first exec round trip and delete latency over N sandboxes, and the round
+// trip of the persistent shell and python sessions. It drives the state
+// manager in-process (what the daemon's handlers call), so the numbers are
+// the runtime's, without RPC.
+//
+//	go run ./bench/sandbox [-n 100] [-calls 200] [-storage btrfs]
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/statemgr"
+)
+
+func main() {
+	if sandbox.IsInit() {
+		sandbox.RunInit()
+	}
+	n := flag.Int("n", 100, "sandboxes to create, exec in and delete")
+	calls := flag.Int("calls", 200, "session round trips per kind")
+	storage := flag.String("storage", "", "layer store backend (default: probe)")
+	flag.Parse()
+	if err := run(*n, *calls, *storage); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n, calls int, storage string) error {
+	ctx := context.Background()
+	root, err := os.MkdirTemp("", "deltabox-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(root)
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Storage: storage, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	info, _ := m.SystemInfo(ctx)
+	fmt.Printf("deltabox sandbox benchmark: storage=%s kernel=%s cgroups=%s, %d sandboxes, %d session calls\n\n",
+		info.Storage, info.Kernel, info.CgroupMode, n, calls)
+
+	// Warm up the image and the page cache once.
+	if in, err := m.CreateSandbox(ctx, sandbox.Config{}); err == nil {
+		_ = m.DeleteSandbox(ctx, in.ID, true)
+	}
+	var create, first, del []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		in, err := m.CreateSandbox(ctx, sandbox.Config{})
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if _, err := m.Exec(ctx, in.ID, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return err
+		}
+		t2 := time.Now()
+		if err := m.DeleteSandbox(ctx, in.ID, true); err != nil {
+			return err
+		}
+		t3 := time.Now()
+		create, first, del = append(create, t1.Sub(t0)), append(first, t2.Sub(t1)), append(del, t3.Sub(t2))
+	}
+	in, err := m.CreateSandbox(ctx, sandbox.Config{})
+	if err != nil {
+		return err
+	}
+	defer m.DeleteSandbox(ctx, in.ID, true)
+	var execRT []time.Duration
+	for i := 0; i < calls; i++ {
+		t0 := time.Now()
+		if _, err := m.Exec(ctx, in.ID, sandbox.ExecRequest{Argv: []string{"true"}}); err != nil {
+			return err
+		}
+		execRT = append(execRT, time.Since(t0))
+	}
+	sess := map[sandbox.SessionKind][]time.Duration{}
+	for _, k := range []sandbox.SessionKind{sandbox.SessionShell, sandbox.SessionPython} {
+		code := map[sandbox.SessionKind]string{sandbox.SessionShell: "x=$((x+1))", sandbox.SessionPython: "x = globals().get('x', 0) + 1"}[k]
+		// The first call starts the session; measure the steady state.
+		if _, err := m.Session(ctx, in.ID, sandbox.SessionRequest{Kind: k, Code: code}); err != nil {
+			return err
+		}
+		for i := 0; i < calls; i++ {
+			var out bytes.Buffer
+			t0 := time.Now()
+			if _, err := m.Session(ctx, in.ID, sandbox.SessionRequest{Kind: k, Code: code, Stdout: &out}); err != nil {
+				return err
+			}
+			sess[k] = append(sess[k], time.Since(t0))
+		}
+	}
+
+	fmt.Printf("%-28s %10s %10s %10s %10s\n", "operation", "median", "p95", "min", "max")
+	row := func(name string, d []time.Duration) {
+		med, p95, lo, hi := stats(d)
+		fmt.Printf("%-28s %10s %10s %10s %10s\n", name, ms(med), ms(p95), ms(lo), ms(hi))
+	}
+	row("create", create)
+	row("first exec round trip", first)
+	row("delete", del)
+	row("exec round trip (warm)", execRT)
+	row("shell session round trip", sess[sandbox.SessionShell])
+	row("python session round trip", sess[sandbox.SessionPython])
+	fmt.Printf("\ngoal: create <= 10 ms median on this 2-core machine\n")
+	return nil
+}
+
+func stats(d []time.Duration) (med, p95, lo, hi time.Duration) {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2], s[(len(s)*95)/100], s[0], s[len(s)-1]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }

@@ -1,0 +1,250 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/sandbox/seccomp"
+)
+
+// envInit marks a re-execution of the DeltaBox binary as a sandbox's init.
+const envInit = "_DELTABOX_INIT"
+
+// IsInit reports whether this process was started as a sandbox's init. Every
+// binary that starts sandboxes (the daemon, and test binaries, which re-exec
+// themselves) calls it first thing in main or TestMain:
+//
+//	if sandbox.IsInit() { sandbox.RunInit() }
+func IsInit() bool { return os.Getenv(envInit) == "1" }
+
+// RunInit runs the sandbox's init and never returns. The init is pid 1 of the
+// sandbox's pid namespace: it sets up the root filesystem (pivot_root into
+// it, /proc, /dev, /sys, masked paths), brings up loopback, applies the
+// seccomp filter to itself, then starts processes at the daemon's request
+// and reports their exits, reaping every orphan. When the daemon's end of the
+// control socket closes, it exits, and the kernel kills the whole sandbox.
+func RunInit() {
+	err := runInit()
+	fmt.Fprintf(os.Stderr, "deltabox init: %v\n", err)
+	os.Exit(1)
+}
+
+type initState struct {
+	c    *conn
+	home *os.File // the sandbox cgroup's v1 "tasks" file: spawning threads return there
+
+	mu       sync.Mutex // guards children; held across fork and register so the reaper cannot miss an exit
+	children map[int]bool
+}
+
+func runInit() error {
+	os.Unsetenv(envInit)
+	ctl := os.NewFile(3, "control")
+	c, err := newConn(ctl)
+	if err != nil {
+		return err
+	}
+	ctl.Close()
+	st := &initState{c: c, children: map[int]bool{}}
+
+	m, files, err := c.Recv()
+	if err != nil {
+		return fmt.Errorf("receive config: %w", err)
+	}
+	if m.Op != opConfig || m.Config == nil {
+		closeFiles(files)
+		return fmt.Errorf("first message is %q, want %q", m.Op, opConfig)
+	}
+	// The config carries the detached root mount and, on cgroup v1, the
+	// sandbox cgroup's tasks file.
+	if len(files) == 0 {
+		return fmt.Errorf("config without the root mount")
+	}
+	tree := files[0]
+	if len(files) > 1 {
+		st.home = files[1]
+		closeFiles(files[2:])
+	}
+	err = setupRoot(m.Config, tree)
+	tree.Close()
+	if err != nil {
+		_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+		return err
+	}
+	if m.Config.Seccomp {
+		if err := seccomp.Apply(); err != nil {
+			err = fmt.Errorf("seccomp: %w", err)
+			_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+			return err
+		}
+	}
+	// SIGCHLD is delivered to the reaper; every other signal the kernel
+	// sends to a pid 1 from inside its namespace is ignored unless handled.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, unix.SIGCHLD)
+	go st.reap(sigs)
+	if err := c.Send(message{Op: opReady, ID: m.ID}); err != nil {
+		return err
+	}
+	for {
+		m, files, err := c.Recv()
+		if err != nil {
+			// The daemon is gone: take the sandbox down with us.
+			return fmt.Errorf("control connection: %w", err)
+		}
+		switch m.Op {
+		case opSpawn:
+			if m.Spawn != nil && m.Spawn.Cgroup && !m.Spawn.V2 && st.home == nil {
+				closeFiles(files)
+				_ = c.Send(message{Op: opError, ID: m.ID, Err: "spawn: no home cgroup to return to"})
+				continue
+			}
+			go st.spawn(m, files)
+		case opSignal:
+			closeFiles(files)
+			if m.Pid > 1 {
+				_ = unix.Kill(m.Pid, unix.Signal(m.Signal))
+			}
+		default:
+			closeFiles(files)
+			_ = c.Send(message{Op: opError, ID: m.ID, Err: "unknown op " + m.Op})
+		}
+	}
+}
+
+// spawn starts a process. A process that must start in its own cgroup (so
+// that a timeout can kill its whole tree) is forked from a thread that was
+// moved into that cgroup first: a v1 cgroup "tasks" file moves one thread,
+// and a child starts in its parent thread's cgroups. This keeps exec cheap
+// (no shim binary to exec inside the sandbox, whose libc may differ) and
+// race-free (the command cannot fork before it is in its cgroup). On v2,
+// clone3's CLONE_INTO_CGROUP does the same.
+func (st *initState) spawn(m message, files []*os.File) {
+	defer closeFiles(files)
+	req := m.Spawn
+	fail := func(err error) { _ = st.c.Send(message{Op: opError, ID: m.ID, Err: err.Error()}) }
+	if req == nil || len(req.Argv) == 0 {
+		fail(errors.New("spawn: no command"))
+		return
+	}
+	want := 3
+	if req.Cgroup {
+		want = 4
+	}
+	if len(files) != want {
+		fail(fmt.Errorf("spawn: got %d files, want %d", len(files), want))
+		return
+	}
+	path := req.Argv[0]
+	if filepath.Base(path) == path {
+		p, err := lookPath(path, req.Env)
+		if err != nil {
+			fail(err)
+			return
+		}
+		path = p
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   req.Cwd,
+		Env:   req.Env,
+		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
+		Sys: &syscall.SysProcAttr{
+			Setsid:     true,
+			Cloneflags: unix.CLONE_NEWCGROUP,
+		},
+	}
+	if req.Cgroup && req.V2 {
+		attr.Sys.UseCgroupFD = true
+		attr.Sys.CgroupFD = int(files[3].Fd())
+	}
+
+	// Runs on its own goroutine (see runInit): a thread that cannot leave
+	// the exec cgroup is never unlocked, so the runtime destroys it when the
+	// goroutine returns.
+	runtime.LockOSThread()
+	moved := false
+	if req.Cgroup && !req.V2 {
+		if _, err := unix.Write(int(files[3].Fd()), []byte("0")); err != nil {
+			runtime.UnlockOSThread()
+			fail(fmt.Errorf("spawn: join exec cgroup: %w", err))
+			return
+		}
+		moved = true
+	}
+	st.mu.Lock()
+	pid, err := syscall.ForkExec(path, req.Argv, attr)
+	if err == nil {
+		st.children[pid] = true
+	}
+	st.mu.Unlock()
+	if moved {
+		if _, err := unix.Write(int(st.home.Fd()), []byte("0")); err != nil {
+			fail(fmt.Errorf("spawn: leave exec cgroup: %w", err))
+			return // thread stays locked and is destroyed
+		}
+	}
+	runtime.UnlockOSThread()
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) && req.Cwd != "" {
+			if _, serr := os.Stat(req.Cwd); serr != nil {
+				fail(fmt.Errorf("spawn: working directory %q: %w", req.Cwd, serr))
+				return
+			}
+		}
+		fail(fmt.Errorf("spawn %q: %w", req.Argv[0], err))
+		return
+	}
+	_ = st.c.Send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+}
+
+// reap reaps every child on SIGCHLD and reports the exits of the processes
+// the daemon started.
+func (st *initState) reap(sigs <-chan os.Signal) {
+	for range sigs {
+		for {
+			var ws unix.WaitStatus
+			st.mu.Lock()
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				st.mu.Unlock()
+				break
+			}
+			ours := st.children[pid]
+			delete(st.children, pid)
+			st.mu.Unlock()
+			if ours {
+				_ = st.c.Send(message{Op: opExited, Pid: pid, Status: int(ws)})
+			}
+		}
+	}
+}
+
+// lookPath resolves a command name with the PATH of env, inside the sandbox.
+func lookPath(name string, env []string) (string, error) {
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if len(kv) > 5 && kv[:5] == "PATH=" {
+			path = kv[5:]
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: executable file not found in $PATH: %w", name, unix.ENOENT)
+}

@@ -1,0 +1,175 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// The init protocol: the daemon and a sandbox's init talk over a SOCK_SEQPACKET
+// socketpair (fd 3 in the init). One packet is one JSON message, with the
+// files it carries attached as SCM_RIGHTS. Requests carry an ID; the init's
+// answer carries the same ID. Exit events are unsolicited. The daemon treats
+// everything the init says as untrusted input: the workload can ptrace its
+// init, so a message can be forged; it can only lie about its own sandbox.
+
+// Ops of the init protocol.
+const (
+	opConfig  = "config"  // daemon -> init: set up the root and report ready; files: detached root mount[, cgroup tasks]
+	opReady   = "ready"   // init -> daemon
+	opSpawn   = "spawn"   // daemon -> init: start a process; files: stdin, stdout, stderr[, cgroup tasks]
+	opSpawned = "spawned" // init -> daemon: Pid
+	opExited  = "exited"  // init -> daemon: Pid, Status (a wait status)
+	opSignal  = "signal"  // daemon -> init: Pid, Signal
+	opError   = "error"   // init -> daemon: Err, for the request ID
+)
+
+// maxPacket bounds one message (argv and env included).
+const maxPacket = 1 << 20
+
+// maxFiles is the most files one message carries.
+const maxFiles = 8
+
+type message struct {
+	Op     string      `json:"op"`
+	ID     uint64      `json:"id,omitempty"`
+	Config *initConfig `json:"config,omitempty"`
+	Spawn  *spawnReq   `json:"spawn,omitempty"`
+	Pid    int         `json:"pid,omitempty"`
+	Status int         `json:"status,omitempty"`
+	Signal int         `json:"signal,omitempty"`
+	Err    string      `json:"err,omitempty"`
+}
+
+// initConfig is what the init sets up before it reports ready.
+type initConfig struct {
+	Hostname string `json:"hostname"`
+	// Seccomp applies the default filter to the init (and so to everything
+	// it starts). Off only in tests of the runtime itself.
+	Seccomp bool `json:"seccomp"`
+}
+
+// spawnReq starts one process. Files: stdin, stdout, stderr, then, when
+// Cgroup is set, an fd of the v1 cgroup "tasks" file (or, on v2, the cgroup
+// directory) the process must start in.
+type spawnReq struct {
+	Argv   []string `json:"argv"`
+	Env    []string `json:"env"`
+	Cwd    string   `json:"cwd"`
+	Cgroup bool     `json:"cgroup"`
+	V2     bool     `json:"v2"`
+}
+
+// conn is one end of the socketpair. Send is safe for concurrent use; Recv
+// must be called from one goroutine.
+type conn struct {
+	fd int
+
+	mu sync.Mutex // serialises Send
+}
+
+func newConn(f *os.File) (*conn, error) {
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		return nil, fmt.Errorf("dup control socket: %w", err)
+	}
+	unix.CloseOnExec(fd)
+	return &conn{fd: fd}, nil
+}
+
+func (c *conn) Close() error { return unix.Close(c.fd) }
+
+// Send sends m with files attached. It does not close the files.
+func (c *conn) Send(m message, files ...*os.File) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxPacket {
+		return fmt.Errorf("init message of %d bytes exceeds %d", len(b), maxPacket)
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		err = unix.Sendmsg(c.fd, b, oob, nil, 0)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	// Keep the files alive until the kernel has taken its references.
+	for _, f := range files {
+		_ = f.Fd()
+	}
+	return err
+}
+
+// errClosed is returned by Recv when the peer is gone.
+var errClosed = errors.New("init connection closed")
+
+// Recv receives one message and the files attached to it, which the caller
+// owns.
+func (c *conn) Recv() (message, []*os.File, error) {
+	buf := make([]byte, maxPacket)
+	oob := make([]byte, unix.CmsgSpace(maxFiles*4))
+	var n, oobn, flags int
+	var err error
+	for {
+		n, oobn, flags, _, err = unix.Recvmsg(c.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return message{}, nil, err
+	}
+	if n == 0 && oobn == 0 {
+		return message{}, nil, errClosed
+	}
+	var files []*os.File
+	if oobn > 0 {
+		cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err == nil {
+			for _, cm := range cmsgs {
+				fds, err := unix.ParseUnixRights(&cm)
+				if err != nil {
+					continue
+				}
+				for _, fd := range fds {
+					files = append(files, os.NewFile(uintptr(fd), "passed"))
+				}
+			}
+		}
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		closeFiles(files)
+		return message{}, nil, fmt.Errorf("init message truncated")
+	}
+	var m message
+	if err := json.Unmarshal(buf[:n], &m); err != nil {
+		closeFiles(files)
+		return message{}, nil, fmt.Errorf("decode init message: %w", err)
+	}
+	return m, files, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}

@@ -1,0 +1,553 @@
+//go:build linux
+
+// Package sandbox runs sandboxes: it owns their namespaces, root filesystem
+// mounts, cgroups, seccomp filter, init process, the commands and sessions
+// that run in them, and their teardown.
+//
+// # Words
+//
+// A sandbox is one isolated environment: user, mount, pid, net, uts, ipc and
+// cgroup namespaces, a cgroup, a root filesystem (an overlay of the sandbox's
+// active layer over the image's lowers, which are idmapped into its user
+// namespace), and processes. Its pid 1 is our init (a re-execution of the
+// DeltaBox binary, see RunInit), which reaps and starts processes at the
+// daemon's request over a control socket.
+//
+// # Lifecycle
+//
+//	rt.Start(ctx, spec)   namespaces + idmapped lowers + overlay + cgroup + init
+//	sb.Exec / sb.Session  commands (each in its own child cgroup, killable as a
+//	                      tree) and persistent bash/python sessions
+//	sb.Freeze / sb.Thaw   the whole sandbox, for coupled checkpoints
+//	sb.Destroy(ctx)       kill everything, unmount, remove the cgroup
+//
+// The runtime does not know about layer stores, images or metadata: the
+// state manager gives it a Spec with the paths to mount.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/nsexec"
+	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+)
+
+// IDMap places a sandbox's ids on the host: id n inside is HostBase+n.
+type IDMap struct {
+	HostBase uint32
+	Size     uint32
+}
+
+// Spec is everything the runtime needs to start one sandbox.
+type Spec struct {
+	ID       string
+	IDs      IDMap
+	Hostname string
+	// ImageLowers are the image's directories, top first; each is idmapped
+	// into the sandbox's user namespace before it is stacked.
+	ImageLowers []string
+	// Layer is the view of the sandbox's active layer (upper, work and
+	// committed lowers, which already hold shifted ids).
+	Layer  layer.View
+	Limits Limits
+	Env    []string // the default environment of every command
+	Workdir string
+}
+
+// Runtime starts sandboxes. It is safe for concurrent use.
+type Runtime struct {
+	runDir   string // mount points and sockets, one directory per sandbox
+	exe      string // the binary to re-execute as init
+	seccomp  bool
+	cgParent string // cgroup parent directory, in every hierarchy
+	log      *slog.Logger
+}
+
+// RuntimeOpt configures a Runtime.
+type RuntimeOpt func(*Runtime)
+
+// WithoutSeccomp starts sandboxes without the seccomp filter (tests of the
+// filter's interaction only).
+func WithoutSeccomp() RuntimeOpt { return func(r *Runtime) { r.seccomp = false } }
+
+// WithCgroupParent puts sandbox cgroups under parent (default
+// cgroup.DefaultParent; it must start with "deltabox"). Tests give each test
+// process its own, so that leak checks attribute cgroups exactly.
+func WithCgroupParent(parent string) RuntimeOpt { return func(r *Runtime) { r.cgParent = parent } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) RuntimeOpt { return func(r *Runtime) { r.log = l } }
+
+// NewRuntime returns a runtime that keeps its mount points under runDir.
+func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
+	// The init is exec'd through /proc/self/exe: the magic link reaches the
+	// binary even where the sandbox's user cannot traverse the directories
+	// above it (go run and go test build into 0700 directories).
+	r := &Runtime{runDir: runDir, exe: "/proc/self/exe", seccomp: true, cgParent: cgroup.DefaultParent, log: slog.Default()}
+	for _, o := range opts {
+		o(r)
+	}
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run dir: %w", err)
+	}
+	return r, nil
+}
+
+// Sandbox is a running sandbox. It is safe for concurrent use.
+type Sandbox struct {
+	id      string
+	dir     string // run directory
+	rootfs  string // host path of the mounted root
+	lowers  []string
+	ids     IDMap
+	env     []string
+	workdir string
+	cg      cgroup.Cgroup
+	init    *exec.Cmd
+	c       *conn
+	log     *slog.Logger
+
+	mu      sync.Mutex // guards the fields below
+	nextID  uint64
+	pending map[uint64]chan message // request ID -> answer
+	waiters map[int]chan int        // pid -> wait status
+	early   map[int]int             // exits that arrived before their waiter
+	execs   int
+	dead    bool
+	sess    map[SessionKind]*session
+	deadCh  chan struct{}
+}
+
+// ID returns the sandbox's id.
+func (s *Sandbox) ID() string { return s.id }
+
+// Rootfs returns the host path where the sandbox's root is mounted, for file
+// operations from the host (internal/safefs confines them to it).
+func (s *Sandbox) Rootfs() string { return s.rootfs }
+
+// InitPid returns the host pid of the sandbox's init.
+func (s *Sandbox) InitPid() int { return s.init.Process.Pid }
+
+// Cgroup returns the sandbox's cgroup.
+func (s *Sandbox) Cgroup() cgroup.Cgroup { return s.cg }
+
+// Start starts a sandbox. On failure everything it did is undone.
+func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+	if spec.ID == "" || spec.IDs.Size == 0 {
+		return nil, fmt.Errorf("start sandbox: id and id map are required: %w", errdefs.ErrInvalidArgument)
+	}
+	dir := filepath.Join(r.runDir, spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("start sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("start sandbox %q: %w", spec.ID, err)
+	}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+			os.RemoveAll(dir)
+			err = fmt.Errorf("start sandbox %q: %w", spec.ID, err)
+		}
+	}()
+
+	// 1. A handle on a user namespace with the sandbox's id map, for the
+	//    idmapped image lowers.
+	userns, err := r.userNamespace(ctx, spec.IDs)
+	if err != nil {
+		return nil, err
+	}
+	defer userns.Close()
+
+	// 2. The image's lowers, idmapped and read-only.
+	var lowers []string
+	for i, l := range spec.ImageLowers {
+		target := filepath.Join(dir, "lower"+strconv.Itoa(i))
+		if err := os.Mkdir(target, 0o700); err != nil {
+			return nil, err
+		}
+		if err := idmapMount(l, target, userns); err != nil {
+			return nil, err
+		}
+		undo = append(undo, func() { _ = layer.Unmount(target) })
+		lowers = append(lowers, target)
+	}
+
+	// 3. The root: overlay of the active layer over the image. The upper's
+	//    root belongs to the sandbox's root user.
+	if spec.Layer.Upper != "" {
+		for _, d := range []string{spec.Layer.Upper, spec.Layer.Work} {
+			if err := os.Chown(d, int(spec.IDs.HostBase), int(spec.IDs.HostBase)); err != nil {
+				return nil, fmt.Errorf("chown layer: %w", err)
+			}
+		}
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, err
+	}
+	if err := layer.MountOverlay(spec.Layer, lowers, rootfs); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { _ = layer.Unmount(rootfs) })
+
+	// 4. The cgroup.
+	cg, err := cgroup.New(ctx, spec.ID, cgroup.Limits{
+		MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.Pids, CPUs: spec.Limits.CPUs,
+	}, cgroup.WithParent(r.cgParent))
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { _ = cg.Delete(context.Background()) })
+
+	// 5. The init, in new namespaces. It waits for its config, so it is in
+	//    the cgroup before it can start anything.
+	sb := &Sandbox{
+		id: spec.ID, dir: dir, rootfs: rootfs, lowers: lowers, ids: spec.IDs, env: spec.Env,
+		workdir: spec.Workdir, cg: cg, log: r.log.With("sandbox", spec.ID),
+		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
+		sess: map[SessionKind]*session{}, deadCh: make(chan struct{}),
+	}
+	if err := r.startInit(ctx, sb, spec); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { sb.killInit() })
+	return sb, nil
+}
+
+func (r *Runtime) startInit(ctx context.Context, sb *Sandbox, spec Spec) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("control socketpair: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "control")
+	theirs := os.NewFile(uintptr(fds[1]), "control-init")
+	defer theirs.Close()
+	cmd := exec.Command(r.exe)
+	cmd.Args = []string{"deltabox-init"}
+	cmd.Env = []string{envInit + "=1"}
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
+			unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(spec.IDs.HostBase), Size: int(spec.IDs.Size)}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(spec.IDs.HostBase), Size: int(spec.IDs.Size)}},
+		GidMappingsEnableSetgroups: true,
+		// Become root of the new user namespace (host id HostBase): created
+		// by host root, the child's ids are otherwise unmapped there and
+		// exec would drop every capability.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+		Setsid:     true,
+	}
+	if err := cmd.Start(); err != nil {
+		ours.Close()
+		return fmt.Errorf("start init: %w", err)
+	}
+	sb.init = cmd
+	c, err := newConn(ours)
+	ours.Close()
+	if err != nil {
+		sb.killInit()
+		return err
+	}
+	sb.c = c
+	pid := cmd.Process.Pid
+	// The daemon's memory matters more than the init's, and the init more
+	// than the workload: never let the OOM killer pick the init.
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("-998"), 0)
+	if err := sb.cg.Add(pid); err != nil {
+		sb.killInit()
+		return err
+	}
+	go sb.readLoop()
+	go func() { _ = cmd.Wait(); sb.markDead() }()
+
+	// The init gets its root as a detached clone of the root's mount, which
+	// it attaches in its own mount namespace: the path of the host's mount
+	// lies below directories the sandbox's user may not traverse, and an fd
+	// of a mount of the host's namespace cannot be bound from another.
+	tfd, err := unix.OpenTree(unix.AT_FDCWD, sb.rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		sb.killInit()
+		return fmt.Errorf("clone root mount: %w", err)
+	}
+	tree := os.NewFile(uintptr(tfd), "rootfs-tree")
+	defer tree.Close()
+	files := []*os.File{tree}
+	if home, err := sb.cg.TasksFile(); err == nil && home != nil {
+		files = append(files, home)
+		defer home.Close()
+	}
+	cfg := &initConfig{Hostname: spec.Hostname, Seccomp: r.seccomp}
+	reply, err := sb.request(ctx, message{Op: opConfig, Config: cfg}, files...)
+	if err != nil {
+		sb.killInit()
+		return fmt.Errorf("init setup: %w", err)
+	}
+	if reply.Op != opReady {
+		sb.killInit()
+		return fmt.Errorf("init setup: unexpected %q", reply.Op)
+	}
+	return nil
+}
+
+// userNamespace returns an fd of a user namespace with the id map m. A holder
+// process (the C part's hold mode: no Go runtime start) is created in a new
+// user namespace; its namespace outlives it through the fd.
+func (r *Runtime) userNamespace(ctx context.Context, m IDMap) (*os.File, error) {
+	cmd := exec.CommandContext(ctx, r.exe)
+	cmd.Args = []string{"deltabox-userns"}
+	cmd.Env = []string{nsexec.EnvMode + "=" + nsexec.ModeHold}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostBase), Size: int(m.Size)}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostBase), Size: int(m.Size)}},
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start user namespace holder: %w", err)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
+	stdin.Close()
+	werr := cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("open user namespace: %w", err)
+	}
+	if werr != nil {
+		f.Close()
+		return nil, fmt.Errorf("user namespace holder: %w", werr)
+	}
+	return f, nil
+}
+
+// idmapMount mounts a detached, idmapped, read-only clone of dir's mount at
+// target. Only dir's own mount is cloned, never submounts: for the host image
+// whose bottom lower is "/", that is the root filesystem alone.
+func idmapMount(dir, target string, userns *os.File) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree %q: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV,
+		Userns_fd: uint64(userns.Fd()),
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("idmap %q: %w", dir, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach idmapped %q: %w", dir, err)
+	}
+	return nil
+}
+
+// readLoop dispatches the init's messages: answers to requests and exits.
+func (s *Sandbox) readLoop() {
+	for {
+		m, files, err := s.c.Recv()
+		closeFiles(files) // the init never sends files; drop any it forges
+		if err != nil {
+			s.markDead()
+			return
+		}
+		s.mu.Lock()
+		switch {
+		case m.Op == opExited:
+			if ch, ok := s.waiters[m.Pid]; ok {
+				ch <- m.Status
+				delete(s.waiters, m.Pid)
+			} else if len(s.early) < 4096 {
+				s.early[m.Pid] = m.Status
+			}
+		case m.ID != 0:
+			if ch, ok := s.pending[m.ID]; ok {
+				ch <- m
+				delete(s.pending, m.ID)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *Sandbox) markDead() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return
+	}
+	s.dead = true
+	close(s.deadCh)
+}
+
+// Alive reports whether the sandbox's init still runs.
+func (s *Sandbox) Alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.dead
+}
+
+// request sends m and waits for the init's answer.
+func (s *Sandbox) request(ctx context.Context, m message, files ...*os.File) (message, error) {
+	ch := make(chan message, 1)
+	s.mu.Lock()
+	if s.dead {
+		s.mu.Unlock()
+		return message{}, fmt.Errorf("sandbox %q is not running: %w", s.id, errdefs.ErrFailedPrecondition)
+	}
+	s.nextID++
+	m.ID = s.nextID
+	s.pending[m.ID] = ch
+	s.mu.Unlock()
+	if err := s.c.Send(m, files...); err != nil {
+		s.mu.Lock()
+		delete(s.pending, m.ID)
+		s.mu.Unlock()
+		return message{}, fmt.Errorf("send to init: %w", err)
+	}
+	select {
+	case r := <-ch:
+		if r.Op == opError {
+			return r, errors.New(r.Err)
+		}
+		return r, nil
+	case <-s.deadCh:
+		return message{}, fmt.Errorf("sandbox %q init exited: %w", s.id, errdefs.ErrUnavailable)
+	case <-ctx.Done():
+		s.mu.Lock()
+		delete(s.pending, m.ID)
+		s.mu.Unlock()
+		return message{}, ctx.Err()
+	}
+}
+
+// waitChan registers interest in pid's exit.
+func (s *Sandbox) waitChan(pid int) chan int {
+	ch := make(chan int, 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.early[pid]; ok {
+		delete(s.early, pid)
+		ch <- st
+		return ch
+	}
+	s.waiters[pid] = ch
+	return ch
+}
+
+func (s *Sandbox) killInit() {
+	if s.init == nil || s.init.Process == nil {
+		return
+	}
+	// SIGKILL to a pid namespace's init kills every process in it.
+	_ = s.init.Process.Kill()
+	select {
+	case <-s.deadCh:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// Freeze stops every process of the sandbox at once (the cgroup freezer), so
+// that its filesystem and memory can be captured at one instant.
+func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
+
+// Thaw resumes a frozen sandbox.
+func (s *Sandbox) Thaw(ctx context.Context) error { return s.cg.Thaw(ctx) }
+
+// Destroy kills every process of the sandbox and removes its mounts, cgroup
+// and run directory. It is idempotent.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	s.mu.Lock()
+	for _, ss := range s.sess {
+		ss.closePipes()
+	}
+	s.sess = map[SessionKind]*session{}
+	s.mu.Unlock()
+	var errs []error
+	if s.c != nil {
+		s.c.Close()
+	}
+	s.killInit()
+	if err := s.cg.Delete(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmountIfMounted(s.rootfs); err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range s.lowers {
+		if err := unmountIfMounted(l); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy sandbox %q: %w", s.id, err)
+	}
+	return nil
+}
+
+func unmountIfMounted(target string) error {
+	err := layer.Unmount(target)
+	if err != nil && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT)) {
+		return nil
+	}
+	return err
+}
+
+// CleanOrphans removes what a previous daemon left under the run directory:
+// the mounts and directories of sandboxes whose processes are gone, and their
+// cgroups. It returns what it removed, for the log.
+func (r *Runtime) CleanOrphans(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(r.runDir)
+	if err != nil {
+		return nil, fmt.Errorf("clean orphans: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(r.runDir, e.Name())
+		if err := unmountIfMounted(filepath.Join(dir, "rootfs")); err != nil {
+			errs = append(errs, err)
+		}
+		lowers, _ := filepath.Glob(filepath.Join(dir, "lower*"))
+		for _, l := range lowers {
+			if err := unmountIfMounted(l); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := cgroup.Remove(ctx, e.Name(), cgroup.WithParent(r.cgParent)); err != nil {
+			errs = append(errs, err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, errors.Join(errs...)
+}

@@ -1,0 +1,623 @@
+//go:build linux
+
+package statemgr
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/daemon"
+	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/sandbox"
+)
+
+var bucketCheckpoints = []byte("checkpoints")
+
+var _ daemon.Checkpointer = (*Manager)(nil)
+
+// ckRecord is a checkpoint as stored in bbolt. It never changes after it is
+// acknowledged, except for its Parent when an ancestor is deleted.
+type ckRecord struct {
+	ID        string                `json:"id"`
+	Parent    string                `json:"parent,omitempty"`
+	Sandbox   string                `json:"sandbox"`
+	Name      string                `json:"name,omitempty"`
+	Labels    map[string]string     `json:"labels,omitempty"`
+	Created   time.Time             `json:"created"`
+	PauseMs   float64               `json:"pause_ms"`
+	Layer     string                `json:"layer"`  // committed layer
+	IDSlot    int                   `json:"idslot"` // the tree's id range
+	Config    sandbox.Config        `json:"config"` // the source's, for forks
+	Shell     string                `json:"shell,omitempty"`
+	HasShell  bool                  `json:"has_shell,omitempty"`
+	Processes []daemon.ProcessState `json:"processes,omitempty"`
+}
+
+var ckIDRe = regexp.MustCompile(`^ck-[0-9a-f]{8}$`)
+
+func checkCkID(id string) error {
+	if !ckIDRe.MatchString(id) {
+		return fmt.Errorf("checkpoint id %q is malformed (want ck-xxxxxxxx): %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// opLock serialises the operations that replace a sandbox's processes or
+// layer (checkpoint, restore, delete) per sandbox.
+func (m *Manager) opLock(id string) func() {
+	m.mu.Lock()
+	l, ok := m.ops[id]
+	if !ok {
+		l = &sync.Mutex{}
+		m.ops[id] = l
+	}
+	m.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// commitLive commits a live sandbox's active layer without disturbing its
+// mount: the checkpoint's slow path (processes stay where they are).
+func (m *Manager) commitLive(ctx context.Context, active string, labels map[string]string) (layer.Info, error) {
+	if lc, ok := m.layers.(layer.LiveCommitter); ok {
+		return lc.CommitLive(ctx, active, layer.WithLabels(labels))
+	}
+	return layer.Info{}, fmt.Errorf("storage %q cannot commit a live sandbox's layer (use btrfs, or overlay on btrfs): %w", m.storage, errdefs.ErrFailedPrecondition)
+}
+
+func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.CheckpointOptions) (_ daemon.Checkpoint, err error) {
+	if err := checkID(id); err != nil {
+		return daemon.Checkpoint{}, err
+	}
+	if len(opts.Name) > 128 {
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint name longer than 128 bytes: %w", errdefs.ErrInvalidArgument)
+	}
+	for k := range opts.Labels {
+		if !labelRe.MatchString(k) {
+			return daemon.Checkpoint{}, fmt.Errorf("checkpoint label key %q: %w", k, errdefs.ErrInvalidArgument)
+		}
+	}
+	unlock := m.opLock(id)
+	defer unlock()
+	r, err := m.get(id)
+	if err != nil {
+		return daemon.Checkpoint{}, err
+	}
+	m.mu.Lock()
+	sb := m.live[id]
+	m.mu.Unlock()
+	if sb == nil || !sb.Alive() {
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: it is stopped: %w", id, errdefs.ErrFailedPrecondition)
+	}
+
+	// Session state is data, read from the idle session before the freeze.
+	shell, hasShell, err := sb.ShellState(ctx)
+	if err != nil {
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: %w", id, err)
+	}
+	procs, err := sb.Processes()
+	if err != nil {
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: %w", id, err)
+	}
+
+	ck := &ckRecord{
+		ID: newID("ck-"), Parent: r.Head, Sandbox: id, Name: opts.Name, Labels: opts.Labels,
+		IDSlot: r.IDSlot, Config: r.Config, Shell: shell, HasShell: hasShell,
+		Processes: describeProcesses(procs, hasShell),
+	}
+	// The coupled capture: nothing runs between the freeze and the thaw, so
+	// the filesystem is the one the processes see at this instant.
+	began := time.Now()
+	if err := sb.Freeze(ctx); err != nil {
+		_ = sb.Thaw(context.Background())
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: freeze: %w", id, err)
+	}
+	committed, cerr := m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID})
+	terr := sb.Thaw(context.Background())
+	ck.PauseMs = msSince(began)
+	if cerr != nil || terr != nil {
+		if cerr == nil {
+			_ = m.layers.Remove(context.Background(), committed.ID)
+		}
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: %w", id, errors.Join(cerr, terr))
+	}
+	ck.Layer = committed.ID
+	ck.Created = time.Now().UTC()
+	defer func() {
+		if err != nil {
+			_ = m.layers.Remove(context.Background(), committed.ID)
+		}
+	}()
+	// Acknowledge: the node and the new head in one fsynced transaction.
+	r.Head = ck.ID
+	if err := m.db.Update(func(tx *bolt.Tx) error {
+		if err := putJSON(tx.Bucket(bucketCheckpoints), ck.ID, ck); err != nil {
+			return err
+		}
+		return putJSON(tx.Bucket(bucketSandboxes), r.ID, r)
+	}); err != nil {
+		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: store: %w", id, err)
+	}
+	return m.ckInfo(ck, []string{id}), nil
+}
+
+func describeProcesses(procs []sandbox.Process, hasShell bool) []daemon.ProcessState {
+	var out []daemon.ProcessState
+	seen := map[sandbox.SessionKind]bool{}
+	for _, p := range procs {
+		switch p.Session {
+		case sandbox.SessionShell:
+			if seen[p.Session] {
+				continue
+			}
+			seen[p.Session] = true
+			ps := daemon.ProcessState{Name: "shell session", Path: daemon.PathReplay}
+			if !hasShell {
+				ps.Path, ps.Reason = daemon.PathNone, "shell state could not be read"
+			}
+			out = append(out, ps)
+		case sandbox.SessionPython:
+			if seen[p.Session] {
+				continue
+			}
+			seen[p.Session] = true
+			out = append(out, daemon.ProcessState{Name: "python session", Path: daemon.PathNone,
+				Reason: "python state is not capturable as data; a fresh session starts on restore"})
+		default:
+			out = append(out, daemon.ProcessState{Name: p.Cmdline, Path: daemon.PathNone,
+				Reason: "process memory is not captured on this path; it is stopped on restore"})
+		}
+	}
+	return out
+}
+
+func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.RestoreResult, err error) {
+	if err := checkID(id); err != nil {
+		return daemon.RestoreResult{}, err
+	}
+	if err := checkCkID(ckID); err != nil {
+		return daemon.RestoreResult{}, err
+	}
+	unlock := m.opLock(id)
+	defer unlock()
+	r, err := m.get(id)
+	if err != nil {
+		return daemon.RestoreResult{}, err
+	}
+	ck, err := m.getCk(ckID)
+	if err != nil {
+		return daemon.RestoreResult{}, err
+	}
+	if ck.IDSlot != r.IDSlot {
+		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: the checkpoint belongs to another tree (fork it instead): %w", id, ckID, errdefs.ErrFailedPrecondition)
+	}
+	began := time.Now()
+	active, err := m.layers.Branch(ctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": id}))
+	if err != nil {
+		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+	}
+	m.mu.Lock()
+	old := m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if old != nil {
+		if err := old.Destroy(ctx); err != nil {
+			m.log.Warn("restore: destroying the old processes", "sandbox", id, "err", err)
+		}
+	}
+	oldLayer, oldHead := r.Layer, r.Head
+	r.Layer, r.Head = active.ID, ck.ID
+	sb, err := m.startRecord(ctx, r)
+	if err != nil {
+		// Put the sandbox back on its own layer rather than leave it dead.
+		r.Layer, r.Head = oldLayer, oldHead
+		if _, rerr := m.startRecord(context.Background(), r); rerr != nil {
+			m.log.Warn("restore failed and the sandbox could not be restarted", "sandbox", id, "err", rerr)
+		}
+		_ = m.layers.Remove(context.Background(), active.ID)
+		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+	}
+	res := daemon.RestoreResult{Processes: restoredProcesses(ck)}
+	if ck.HasShell {
+		if err := sb.ReplayShellState(ctx, ck.Shell); err != nil {
+			res.Processes[0].Path, res.Processes[0].Reason = daemon.PathNone, err.Error()
+		}
+	}
+	res.RestoreMs = msSince(began)
+	if err := m.layers.Remove(ctx, oldLayer); err != nil && !errdefs.IsNotFound(err) {
+		m.log.Warn("restore: old layer kept for GC", "layer", oldLayer, "err", err)
+	}
+	return res, nil
+}
+
+// restoredProcesses says how each process of a checkpoint comes back; the
+// shell session, when captured, comes first.
+func restoredProcesses(ck *ckRecord) []daemon.ProcessState {
+	var out []daemon.ProcessState
+	if ck.HasShell {
+		out = append(out, daemon.ProcessState{Name: "shell session", Path: daemon.PathReplay})
+	}
+	for _, p := range ck.Processes {
+		if p.Name == "shell session" {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkResult, err error) {
+	if err := checkCkID(ckID); err != nil {
+		return daemon.ForkResult{}, err
+	}
+	if n < 1 || n > 256 {
+		return daemon.ForkResult{}, fmt.Errorf("fork %q: n = %d, want 1 to 256: %w", ckID, n, errdefs.ErrInvalidArgument)
+	}
+	ck, err := m.getCk(ckID)
+	if err != nil {
+		return daemon.ForkResult{}, err
+	}
+	began := time.Now()
+	ids := make([]string, n)
+	// Every fork or none: a failure removes the ones made.
+	defer func() {
+		if err != nil {
+			for _, id := range ids {
+				if id != "" {
+					_ = m.DeleteSandbox(context.Background(), id, true)
+				}
+			}
+		}
+	}()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i := range ids {
+		g.Go(func() error {
+			r := &record{Config: ck.Config, State: sandbox.StateCreating, Created: time.Now().UTC(), IDSlot: ck.IDSlot, Head: ck.ID}
+			if err := m.allocateIn(r); err != nil {
+				return err
+			}
+			ids[i] = r.ID
+			active, err := m.layers.Branch(gctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": r.ID}))
+			if err != nil {
+				return err
+			}
+			r.Layer = active.ID
+			if err := m.put(r); err != nil {
+				_ = m.layers.Remove(context.Background(), active.ID)
+				return err
+			}
+			sb, err := m.startRecord(gctx, r)
+			if err != nil {
+				return err
+			}
+			if ck.HasShell {
+				return sb.ReplayShellState(gctx, ck.Shell)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return daemon.ForkResult{}, fmt.Errorf("fork %q: %w", ckID, err)
+	}
+	return daemon.ForkResult{IDs: ids, ForkMs: msSince(began)}, nil
+}
+
+func (m *Manager) GetCheckpoint(ctx context.Context, id string) (daemon.Checkpoint, error) {
+	if err := checkCkID(id); err != nil {
+		return daemon.Checkpoint{}, err
+	}
+	ck, err := m.getCk(id)
+	if err != nil {
+		return daemon.Checkpoint{}, err
+	}
+	return m.ckInfo(ck, m.headsOf(id)), nil
+}
+
+func (m *Manager) ListCheckpoints(ctx context.Context) ([]daemon.Checkpoint, error) {
+	cks, err := m.checkpoints()
+	if err != nil {
+		return nil, err
+	}
+	heads := m.heads()
+	out := make([]daemon.Checkpoint, 0, len(cks))
+	for _, ck := range cks {
+		out = append(out, m.ckInfo(ck, heads[ck.ID]))
+	}
+	return out, nil
+}
+
+func (m *Manager) Tree(ctx context.Context, id string) (daemon.Tree, error) {
+	slot := -1
+	switch {
+	case id == "":
+	case strings.HasPrefix(id, "sb-"):
+		if err := checkID(id); err != nil {
+			return daemon.Tree{}, err
+		}
+		r, err := m.get(id)
+		if err != nil {
+			return daemon.Tree{}, err
+		}
+		slot = r.IDSlot
+	default:
+		if err := checkCkID(id); err != nil {
+			return daemon.Tree{}, err
+		}
+		ck, err := m.getCk(id)
+		if err != nil {
+			return daemon.Tree{}, err
+		}
+		slot = ck.IDSlot
+	}
+	cks, err := m.checkpoints()
+	if err != nil {
+		return daemon.Tree{}, err
+	}
+	heads := m.heads()
+	var t daemon.Tree
+	for _, ck := range cks {
+		if slot < 0 || ck.IDSlot == slot {
+			t.Checkpoints = append(t.Checkpoints, m.ckInfo(ck, heads[ck.ID]))
+		}
+	}
+	recs, err := m.records()
+	if err != nil {
+		return daemon.Tree{}, err
+	}
+	m.mu.Lock()
+	for _, r := range recs {
+		if r.State != sandbox.StateCreating && (slot < 0 || r.IDSlot == slot) {
+			t.Sandboxes = append(t.Sandboxes, m.info(r, m.live[r.ID]))
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(t.Sandboxes, func(i, j int) bool { return t.Sandboxes[i].Created.Before(t.Sandboxes[j].Created) })
+	return t, nil
+}
+
+func (m *Manager) DeleteCheckpoint(ctx context.Context, id string, recursive bool) error {
+	if err := checkCkID(id); err != nil {
+		return err
+	}
+	cks, err := m.checkpoints()
+	if err != nil {
+		return err
+	}
+	byID := map[string]*ckRecord{}
+	children := map[string][]string{}
+	for _, ck := range cks {
+		byID[ck.ID] = ck
+		children[ck.Parent] = append(children[ck.Parent], ck.ID)
+	}
+	target, ok := byID[id]
+	if !ok {
+		return fmt.Errorf("checkpoint %q: %w", id, errdefs.ErrNotFound)
+	}
+	if len(children[id]) > 0 && !recursive {
+		return fmt.Errorf("delete checkpoint %q: it has %d children (use recursive): %w", id, len(children[id]), errdefs.ErrFailedPrecondition)
+	}
+	doomed := map[string]bool{}
+	var walk func(string)
+	walk = func(c string) {
+		doomed[c] = true
+		for _, ch := range children[c] {
+			walk(ch)
+		}
+	}
+	walk(id)
+	err = m.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketCheckpoints)
+		for c := range doomed {
+			if err := b.Delete([]byte(c)); err != nil {
+				return err
+			}
+		}
+		// Sandboxes whose head is gone take the nearest surviving ancestor.
+		sbs := tx.Bucket(bucketSandboxes)
+		return sbs.ForEach(func(k, v []byte) error {
+			var r record
+			if err := json.Unmarshal(v, &r); err != nil || !doomed[r.Head] {
+				return err
+			}
+			r.Head = target.Parent
+			return putJSON(sbs, r.ID, &r)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("delete checkpoint %q: %w", id, err)
+	}
+	m.gc(ctx)
+	return nil
+}
+
+func (m *Manager) Diff(ctx context.Context, a, b string) ([]layer.Change, error) {
+	la, err := m.layerOf(a)
+	if err != nil {
+		return nil, err
+	}
+	lb, err := m.layerOf(b)
+	if err != nil {
+		return nil, err
+	}
+	return m.layers.Diff(ctx, la, lb)
+}
+
+// layerOf resolves a checkpoint id to its committed layer and a sandbox id to
+// its active layer.
+func (m *Manager) layerOf(id string) (string, error) {
+	if strings.HasPrefix(id, "sb-") {
+		if err := checkID(id); err != nil {
+			return "", err
+		}
+		r, err := m.get(id)
+		if err != nil {
+			return "", err
+		}
+		return r.Layer, nil
+	}
+	if err := checkCkID(id); err != nil {
+		return "", err
+	}
+	ck, err := m.getCk(id)
+	if err != nil {
+		return "", err
+	}
+	return ck.Layer, nil
+}
+
+// gc removes the layers no sandbox or checkpoint references, children first.
+// A layer that still has children is kept for a later pass.
+func (m *Manager) gc(ctx context.Context) []string {
+	refs := map[string]bool{}
+	recs, _ := m.records()
+	for _, r := range recs {
+		refs[r.Layer] = true
+	}
+	cks, _ := m.checkpoints()
+	for _, ck := range cks {
+		refs[ck.Layer] = true
+	}
+	var removed []string
+	for progress := true; progress; {
+		progress = false
+		var all []layer.Info
+		_ = m.layers.Walk(ctx, func(in layer.Info) error { all = append(all, in); return nil })
+		for _, in := range all {
+			if refs[in.ID] {
+				continue
+			}
+			if err := m.layers.Remove(ctx, in.ID); err == nil {
+				removed = append(removed, in.ID)
+				progress = true
+			}
+		}
+	}
+	return removed
+}
+
+// Fsck checks the checkpoint tree against the layer store: every
+// checkpoint's layer exists and is committed, every sandbox's active layer
+// exists and is active, parents and heads exist, and no layer is unreferenced.
+// Tests run it after every test.
+func (m *Manager) Fsck(ctx context.Context) error {
+	var errs []error
+	recs, err := m.records()
+	if err != nil {
+		return err
+	}
+	cks, err := m.checkpoints()
+	if err != nil {
+		return err
+	}
+	ckByID := map[string]*ckRecord{}
+	refs := map[string]bool{}
+	for _, ck := range cks {
+		ckByID[ck.ID] = ck
+		refs[ck.Layer] = true
+	}
+	for _, ck := range cks {
+		if in, err := m.layers.Stat(ctx, ck.Layer); err != nil || in.Kind != layer.KindCommitted {
+			errs = append(errs, fmt.Errorf("checkpoint %s: layer %s: %v (kind %v)", ck.ID, ck.Layer, err, in.Kind))
+		}
+		if ck.Parent != "" && ckByID[ck.Parent] == nil {
+			errs = append(errs, fmt.Errorf("checkpoint %s: parent %s missing", ck.ID, ck.Parent))
+		}
+	}
+	for _, r := range recs {
+		refs[r.Layer] = true
+		if in, err := m.layers.Stat(ctx, r.Layer); err != nil || in.Kind != layer.KindActive {
+			errs = append(errs, fmt.Errorf("sandbox %s: layer %s: %v (kind %v)", r.ID, r.Layer, err, in.Kind))
+		}
+		if r.Head != "" && ckByID[r.Head] == nil {
+			errs = append(errs, fmt.Errorf("sandbox %s: head %s missing", r.ID, r.Head))
+		}
+	}
+	_ = m.layers.Walk(ctx, func(in layer.Info) error {
+		if !refs[in.ID] {
+			errs = append(errs, fmt.Errorf("layer %s (%v) is referenced by no sandbox or checkpoint", in.ID, in.Kind))
+		}
+		return nil
+	})
+	return errors.Join(errs...)
+}
+
+func (m *Manager) ckInfo(ck *ckRecord, heads []string) daemon.Checkpoint {
+	return daemon.Checkpoint{
+		ID: ck.ID, Parent: ck.Parent, Sandbox: ck.Sandbox, Name: ck.Name, Labels: ck.Labels,
+		Created: ck.Created, PauseMs: ck.PauseMs, Processes: ck.Processes, Heads: heads,
+	}
+}
+
+func (m *Manager) heads() map[string][]string {
+	out := map[string][]string{}
+	recs, _ := m.records()
+	for _, r := range recs {
+		if r.Head != "" && r.State != sandbox.StateCreating {
+			out[r.Head] = append(out[r.Head], r.ID)
+		}
+	}
+	return out
+}
+
+func (m *Manager) headsOf(ck string) []string { return m.heads()[ck] }
+
+func (m *Manager) getCk(id string) (*ckRecord, error) {
+	var ck *ckRecord
+	err := m.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketCheckpoints).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("checkpoint %q: %w", id, errdefs.ErrNotFound)
+		}
+		ck = &ckRecord{}
+		return json.Unmarshal(v, ck)
+	})
+	return ck, err
+}
+
+// checkpoints lists every checkpoint, oldest first (so parents come before
+// their children).
+func (m *Manager) checkpoints() ([]*ckRecord, error) {
+	var out []*ckRecord
+	err := m.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketCheckpoints).ForEach(func(_, v []byte) error {
+			ck := &ckRecord{}
+			if err := json.Unmarshal(v, ck); err != nil {
+				return err
+			}
+			out = append(out, ck)
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, err
+}
+
+func putJSON(b *bolt.Bucket, key string, v any) error {
+	buf, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(key), buf)
+}
+
+func newID(prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }

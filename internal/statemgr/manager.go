@@ -1,0 +1,649 @@
+//go:build linux
+
+// Package statemgr owns the daemon's state: which sandboxes exist, their
+// configuration, id ranges and layers, kept in bbolt so that it survives a
+// daemon restart, and the wiring of the image store, the layer store and the
+// sandbox runtime behind the API (it implements daemon.Backend).
+package statemgr
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/daemon"
+	"github.com/deltabox/deltabox/internal/image"
+	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/layer/probe"
+	"github.com/deltabox/deltabox/internal/safefs"
+	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/sysinfo"
+)
+
+// Version is the DeltaBox version the daemon reports.
+const Version = "0.1.0-dev"
+
+// Id ranges: sandbox k owns host ids [idBase+k*idSize, idBase+(k+1)*idSize),
+// far above the host's own users and the usual /etc/subuid ranges.
+const (
+	idBase  = 1 << 24
+	idSize  = 1 << 16
+	maxIDKs = 4096
+)
+
+// Defaults applied to a sandbox created without limits.
+const (
+	DefaultMemory = 4 << 30
+	DefaultPids   = 4096
+)
+
+var bucketSandboxes = []byte("sandboxes")
+
+// record is a sandbox as stored in bbolt.
+type record struct {
+	ID      string         `json:"id"`
+	Config  sandbox.Config `json:"config"`
+	State   sandbox.State  `json:"state"`
+	Created time.Time      `json:"created"`
+	Layer   string         `json:"layer"`  // active layer id
+	IDSlot  int            `json:"idslot"` // k of the id range
+	Head    string         `json:"head,omitempty"`
+}
+
+func (r *record) ids() sandbox.IDMap {
+	return sandbox.IDMap{HostBase: uint32(idBase + r.IDSlot*idSize), Size: idSize}
+}
+
+// Manager implements daemon.Backend. It is safe for concurrent use.
+type Manager struct {
+	root    string
+	storage string
+	db      *bolt.DB
+	layers  layer.Store
+	images  image.Store
+	rt      *sandbox.Runtime
+	log     *slog.Logger
+
+	mu   sync.Mutex // guards live, busy and ops
+	live map[string]*sandbox.Sandbox
+	busy map[string]int         // running calls per sandbox
+	ops  map[string]*sync.Mutex // per-sandbox lock of checkpoint, restore, delete
+}
+
+var _ daemon.Backend = (*Manager)(nil)
+
+// New opens (or creates) the state in opts.Root and recovers the sandboxes a
+// previous daemon left: their processes are gone, their filesystems are not,
+// so each is restarted on its own layer (recovered) or, if that fails,
+// marked stopped (lost), and reported in the log.
+func New(ctx context.Context, opts Options) (_ *Manager, err error) {
+	if opts.Root == "" {
+		return nil, fmt.Errorf("open state: no root: %w", errdefs.ErrInvalidArgument)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(opts.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("open state %q: %w", opts.Root, err)
+	}
+	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{}, ops: map[string]*sync.Mutex{}}
+	var closers []io.Closer
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i].Close()
+			}
+		}
+	}()
+	m.db, err = bolt.Open(filepath.Join(opts.Root, "meta.db"), 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open metadata (is another daemon using %q?): %w", opts.Root, errors.Join(err, errdefs.ErrUnavailable))
+	}
+	closers = append(closers, m.db)
+	if err := m.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketCheckpoints} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("init metadata: %w", err)
+	}
+	m.storage = opts.Storage
+	if m.storage == "" {
+		m.storage = probe.DefaultKind(filepath.Join(opts.Root, "layers"))
+	}
+	m.layers, err = probe.Open(ctx, m.storage, filepath.Join(opts.Root, "layers"))
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, m.layers)
+	m.images, err = image.New(opts.Root)
+	if err != nil {
+		return nil, err
+	}
+	if c, ok := m.images.(io.Closer); ok {
+		closers = append(closers, c)
+	}
+	var rtOpts []sandbox.RuntimeOpt
+	rtOpts = append(rtOpts, sandbox.WithLogger(log))
+	if opts.CgroupParent != "" {
+		rtOpts = append(rtOpts, sandbox.WithCgroupParent(opts.CgroupParent))
+	}
+	if opts.NoSeccomp {
+		rtOpts = append(rtOpts, sandbox.WithoutSeccomp())
+	}
+	m.rt, err = sandbox.NewRuntime(filepath.Join(opts.Root, "run"), rtOpts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.recover(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Close stops every sandbox's processes (their filesystems stay, and the next
+// daemon restarts them) and closes the stores.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	live := m.live
+	m.live = map[string]*sandbox.Sandbox{}
+	m.mu.Unlock()
+	var errs []error
+	for _, sb := range live {
+		if err := sb.Destroy(context.Background()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c, ok := m.images.(io.Closer); ok {
+		errs = append(errs, c.Close())
+	}
+	errs = append(errs, m.layers.Close(), m.db.Close())
+	return errors.Join(errs...)
+}
+
+// recover reconciles what a previous daemon left: mounts under run/ are
+// cleaned, and sandboxes that were running are restarted.
+func (m *Manager) recover(ctx context.Context) error {
+	removed, err := m.rt.CleanOrphans(ctx)
+	for _, id := range removed {
+		m.log.Warn("reconciled orphan mounts and cgroup of a previous daemon", "sandbox", id)
+	}
+	if err != nil {
+		m.log.Warn("clean orphans", "err", err)
+	}
+	recs, err := m.records()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		switch r.State {
+		case sandbox.StateCreating:
+			// Never acknowledged: undo it.
+			m.log.Warn("removing half-created sandbox", "sandbox", r.ID)
+			_ = m.removeRecord(ctx, r)
+		case sandbox.StateRunning, sandbox.StateStopped:
+			if _, err := m.startRecord(ctx, r); err != nil {
+				m.log.Warn("sandbox lost: its processes are gone and it could not be restarted", "sandbox", r.ID, "err", err)
+				r.State = sandbox.StateStopped
+				_ = m.put(r)
+				continue
+			}
+			m.log.Info("sandbox recovered: filesystem kept, processes restarted", "sandbox", r.ID)
+		}
+	}
+	for _, l := range m.gc(ctx) {
+		m.log.Warn("removed an orphan layer no sandbox or checkpoint references", "layer", l)
+	}
+	return nil
+}
+
+func (m *Manager) SystemInfo(ctx context.Context) (daemon.SystemInfo, error) {
+	p := sysinfo.Probe(ctx, sysinfo.SkipCRIUCheck())
+	criu := ""
+	if p.CRIU.Usable {
+		criu = p.CRIU.Version
+	}
+	recs, err := m.records()
+	if err != nil {
+		return daemon.SystemInfo{}, err
+	}
+	imgs, err := m.images.List(ctx)
+	if err != nil {
+		return daemon.SystemInfo{}, err
+	}
+	return daemon.SystemInfo{
+		Version: Version, Storage: m.storage, StateDir: m.root, Kernel: p.Kernel,
+		CgroupMode: p.CgroupMode.String(), CRIU: criu, Btrfs: p.Btrfs, Overlay: p.Overlay,
+		IDMapMounts: p.IDMappedMounts, Sandboxes: len(recs), Images: len(imgs),
+	}, nil
+}
+
+var (
+	envKeyRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelRe  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	idRe     = regexp.MustCompile(`^sb-[0-9a-f]{8}$`)
+)
+
+func validateConfig(cfg *sandbox.Config) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("invalid sandbox config: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	for _, kv := range cfg.Env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || !envKeyRe.MatchString(k) {
+			return bad("environment entry %q is not K=V", kv)
+		}
+	}
+	for k := range cfg.Labels {
+		if !labelRe.MatchString(k) {
+			return bad("label key %q", k)
+		}
+	}
+	if cfg.Workdir == "" {
+		cfg.Workdir = "/work"
+	}
+	if !path.IsAbs(cfg.Workdir) {
+		return bad("workdir %q is not absolute", cfg.Workdir)
+	}
+	cfg.Workdir = path.Clean(cfg.Workdir)
+	if cfg.Limits.MemoryBytes < 0 || cfg.Limits.Pids < 0 || cfg.Limits.CPUs < 0 {
+		return bad("negative limit")
+	}
+	if cfg.Limits.MemoryBytes > 0 && cfg.Limits.MemoryBytes < 16<<20 {
+		return bad("memory limit %d is below 16 MiB", cfg.Limits.MemoryBytes)
+	}
+	if cfg.Limits.Pids > 0 && cfg.Limits.Pids < 8 {
+		return bad("pids limit %d is below 8", cfg.Limits.Pids)
+	}
+	if cfg.Limits.MemoryBytes == 0 {
+		cfg.Limits.MemoryBytes = DefaultMemory
+	}
+	if cfg.Limits.Pids == 0 {
+		cfg.Limits.Pids = DefaultPids
+	}
+	if cfg.Image == "" {
+		cfg.Image = image.HostImage
+	}
+	return nil
+}
+
+func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sandbox.Info, err error) {
+	if err := validateConfig(&cfg); err != nil {
+		return sandbox.Info{}, err
+	}
+	if _, err := m.images.Get(ctx, cfg.Image); err != nil {
+		return sandbox.Info{}, fmt.Errorf("create sandbox: image %q: %w", cfg.Image, err)
+	}
+	r := &record{Config: cfg, State: sandbox.StateCreating, Created: time.Now().UTC()}
+	if err := m.allocate(r); err != nil {
+		return sandbox.Info{}, err
+	}
+	defer func() {
+		if err != nil {
+			_ = m.removeRecord(context.Background(), r)
+		}
+	}()
+	active, err := m.layers.Branch(ctx, "", layer.WithLabels(map[string]string{"sandbox": r.ID}))
+	if err != nil {
+		return sandbox.Info{}, fmt.Errorf("create sandbox %q: %w", r.ID, err)
+	}
+	r.Layer = active.ID
+	if err := m.put(r); err != nil {
+		return sandbox.Info{}, err
+	}
+	sb, err := m.startRecord(ctx, r)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	return m.info(r, sb), nil
+}
+
+// startRecord starts the runtime side of a stored sandbox and marks it
+// running.
+func (m *Manager) startRecord(ctx context.Context, r *record) (_ *sandbox.Sandbox, err error) {
+	img, err := m.images.Get(ctx, r.Config.Image)
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox %q: image %q: %w", r.ID, r.Config.Image, err)
+	}
+	view, err := m.layers.Mounts(ctx, r.Layer)
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox %q: %w", r.ID, err)
+	}
+	env := mergeEnv(defaultEnv, img.Env)
+	env = mergeEnv(env, []string{"HOSTNAME=" + r.ID})
+	env = mergeEnv(env, r.Config.Env)
+	sb, err := m.rt.Start(ctx, sandbox.Spec{
+		ID: r.ID, IDs: r.ids(), Hostname: r.ID, ImageLowers: img.Lowers, Layer: view,
+		Limits: r.Config.Limits, Env: env, Workdir: r.Config.Workdir,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = sb.Destroy(context.Background())
+		}
+	}()
+	// The workdir may be missing in an imported image.
+	root, err := safefs.Open(sb.Rootfs(), safefs.IDMap{HostBase: r.ids().HostBase, Size: r.ids().Size})
+	if err != nil {
+		return nil, err
+	}
+	err = root.Mkdir(ctx, r.Config.Workdir, 0o755, true)
+	root.Close()
+	if err != nil && !errdefs.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create workdir %q: %w", r.Config.Workdir, err)
+	}
+	r.State = sandbox.StateRunning
+	if err := m.put(r); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	m.live[r.ID] = sb
+	m.mu.Unlock()
+	return sb, nil
+}
+
+var defaultEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/root", "LANG=C.UTF-8", "TERM=xterm",
+}
+
+func mergeEnv(base, over []string) []string {
+	idx := map[string]int{}
+	out := append([]string(nil), base...)
+	for i, kv := range out {
+		k, _, _ := strings.Cut(kv, "=")
+		idx[k] = i
+	}
+	for _, kv := range over {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+func (m *Manager) info(r *record, sb *sandbox.Sandbox) sandbox.Info {
+	in := sandbox.Info{ID: r.ID, Config: r.Config, State: r.State, Created: r.Created, Head: r.Head}
+	if sb != nil {
+		if sb.Alive() {
+			in.InitPid = sb.InitPid()
+		} else {
+			in.State = sandbox.StateStopped
+		}
+	}
+	return in
+}
+
+func checkID(id string) error {
+	if !idRe.MatchString(id) {
+		return fmt.Errorf("sandbox id %q is malformed (want sb-xxxxxxxx): %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (m *Manager) GetSandbox(ctx context.Context, id string) (sandbox.Info, error) {
+	if err := checkID(id); err != nil {
+		return sandbox.Info{}, err
+	}
+	r, err := m.get(id)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	m.mu.Lock()
+	sb := m.live[id]
+	m.mu.Unlock()
+	return m.info(r, sb), nil
+}
+
+func (m *Manager) ListSandboxes(ctx context.Context) ([]sandbox.Info, error) {
+	recs, err := m.records()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandbox.Info, 0, len(recs))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range recs {
+		if r.State == sandbox.StateCreating {
+			continue
+		}
+		out = append(out, m.info(r, m.live[r.ID]))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	unlock := m.opLock(id)
+	defer unlock()
+	r, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.busy[id] > 0 && !force {
+		m.mu.Unlock()
+		return fmt.Errorf("delete sandbox %q: a command is running (use force): %w", id, errdefs.ErrFailedPrecondition)
+	}
+	sb := m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if sb != nil {
+		if err := sb.Destroy(ctx); err != nil {
+			return fmt.Errorf("delete sandbox %q: %w", id, err)
+		}
+	}
+	return m.removeRecord(ctx, r)
+}
+
+// removeRecord removes a sandbox's layer and record.
+func (m *Manager) removeRecord(ctx context.Context, r *record) error {
+	if r.Layer != "" {
+		if err := m.layers.Remove(ctx, r.Layer); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove layer of sandbox %q: %w", r.ID, err)
+		}
+	}
+	m.mu.Lock()
+	delete(m.ops, r.ID)
+	m.mu.Unlock()
+	return m.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(r.ID))
+	})
+}
+
+// acquire returns the live sandbox id and counts a call on it; release ends it.
+func (m *Manager) acquire(id string) (*sandbox.Sandbox, func(), error) {
+	if err := checkID(id); err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.live[id]
+	if !ok {
+		if _, err := m.get(id); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("sandbox %q is stopped: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	m.busy[id]++
+	return sb, func() {
+		m.mu.Lock()
+		m.busy[id]--
+		if m.busy[id] == 0 {
+			delete(m.busy, id)
+		}
+		m.mu.Unlock()
+	}, nil
+}
+
+func (m *Manager) Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	sb, release, err := m.acquire(id)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	defer release()
+	return sb.Exec(ctx, req)
+}
+
+func (m *Manager) Session(ctx context.Context, id string, req sandbox.SessionRequest) (sandbox.ExecResult, error) {
+	sb, release, err := m.acquire(id)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	defer release()
+	return sb.Session(ctx, req)
+}
+
+func (m *Manager) Files(ctx context.Context, id string) (*safefs.Root, func(), error) {
+	sb, release, err := m.acquire(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := m.get(id)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	ids := r.ids()
+	root, err := safefs.Open(sb.Rootfs(), safefs.IDMap{HostBase: ids.HostBase, Size: ids.Size})
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return root, func() { root.Close(); release() }, nil
+}
+
+func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader) (image.Info, error) {
+	return m.images.Import(ctx, name, r)
+}
+
+func (m *Manager) ListImages(ctx context.Context) ([]image.Info, error) { return m.images.List(ctx) }
+
+func (m *Manager) RemoveImage(ctx context.Context, name string) error {
+	recs, err := m.records()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if r.Config.Image == name {
+			return fmt.Errorf("remove image %q: used by sandbox %q: %w", name, r.ID, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return m.images.Remove(ctx, name)
+}
+
+// allocate gives r a fresh id and the lowest id range (tree) no sandbox or
+// checkpoint uses, and stores it.
+func (m *Manager) allocate(r *record) error { return m.allocateSlot(r, true) }
+
+// allocateIn gives r a fresh id in its own tree's id range (a fork), and
+// stores it.
+func (m *Manager) allocateIn(r *record) error { return m.allocateSlot(r, false) }
+
+func (m *Manager) allocateSlot(r *record, newTree bool) error {
+	return m.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		if !newTree {
+			return putNew(b, r)
+		}
+		used := map[int]bool{}
+		for _, bucket := range [][]byte{bucketSandboxes, bucketCheckpoints} {
+			if err := tx.Bucket(bucket).ForEach(func(_, v []byte) error {
+				var o struct {
+					IDSlot int `json:"idslot"`
+				}
+				if json.Unmarshal(v, &o) == nil {
+					used[o.IDSlot] = true
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		r.IDSlot = -1
+		for k := 0; k < maxIDKs; k++ {
+			if !used[k] {
+				r.IDSlot = k
+				break
+			}
+		}
+		if r.IDSlot < 0 {
+			return fmt.Errorf("create sandbox: all %d id ranges in use: %w", maxIDKs, errdefs.ErrResourceExhausted)
+		}
+		return putNew(b, r)
+	})
+}
+
+// putNew stores r under a fresh random id.
+func putNew(b *bolt.Bucket, r *record) error {
+	for {
+		r.ID = newID("sb-")
+		if b.Get([]byte(r.ID)) == nil {
+			break
+		}
+	}
+	return putJSON(b, r.ID, r)
+}
+
+func (m *Manager) put(r *record) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return m.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), v) })
+}
+
+func (m *Manager) get(id string) (*record, error) {
+	var r *record
+	err := m.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketSandboxes).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		}
+		r = &record{}
+		return json.Unmarshal(v, r)
+	})
+	return r, err
+}
+
+func (m *Manager) records() ([]*record, error) {
+	var out []*record
+	err := m.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).ForEach(func(_, v []byte) error {
+			r := &record{}
+			if err := json.Unmarshal(v, r); err != nil {
+				return err
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}

@@ -1,0 +1,15 @@
+package statemgr
+
+import "log/slog"
+
+// Options configure a Manager.
+type Options struct {
+	Root    string // state directory (metadata, layers, images, mount points)
+	Storage string // layer store backend: btrfs | overlay | copy; "" picks by probing
+	Logger  *slog.Logger
+	// CgroupParent is the cgroup directory sandboxes go under (default
+	// "deltabox"; it must start with "deltabox").
+	CgroupParent string
+	// NoSeccomp starts sandboxes without the seccomp filter (tests only).
+	NoSeccomp bool
+}
