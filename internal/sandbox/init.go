@@ -35,6 +35,9 @@ func IsInit() bool { return os.Getenv(envInit) == "1" }
 // control socket closes, it exits, and the kernel kills the whole sandbox.
 func RunInit() {
 	err := runInit()
+	if errors.Is(err, errClosed) {
+		os.Exit(0) // the daemon let go of the sandbox: the normal end
+	}
 	fmt.Fprintf(os.Stderr, "deltabox init: %v\n", err)
 	os.Exit(1)
 }
@@ -100,6 +103,9 @@ func runInit() error {
 		m, files, err := c.Recv()
 		if err != nil {
 			// The daemon is gone: take the sandbox down with us.
+			if errors.Is(err, errClosed) {
+				return err
+			}
 			return fmt.Errorf("control connection: %w", err)
 		}
 		switch m.Op {

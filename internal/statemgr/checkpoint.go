@@ -503,6 +503,8 @@ func (m *Manager) gc(ctx context.Context) []string {
 			if err := m.layers.Remove(ctx, in.ID); err == nil {
 				removed = append(removed, in.ID)
 				progress = true
+			} else {
+				m.log.Debug("gc: layer kept", "layer", in.ID, "err", err)
 			}
 		}
 	}
@@ -546,12 +548,24 @@ func (m *Manager) Fsck(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("sandbox %s: head %s missing", r.ID, r.Head))
 		}
 	}
-	_ = m.layers.Walk(ctx, func(in layer.Info) error {
-		if !refs[in.ID] {
-			errs = append(errs, fmt.Errorf("layer %s (%v) is referenced by no sandbox or checkpoint", in.ID, in.Kind))
+	// A layer that is the parent of a referenced one stays until its last
+	// child goes (the store refuses to remove it earlier).
+	var all []layer.Info
+	_ = m.layers.Walk(ctx, func(in layer.Info) error { all = append(all, in); return nil })
+	parent := map[string]string{}
+	for _, in := range all {
+		parent[in.ID] = in.Parent
+	}
+	for id := range refs {
+		for p := parent[id]; p != "" && !refs[p]; p = parent[p] {
+			refs[p] = true
 		}
-		return nil
-	})
+	}
+	for _, in := range all {
+		if !refs[in.ID] {
+			errs = append(errs, fmt.Errorf("layer %s (%v, parent %q, labels %v) is referenced by no sandbox or checkpoint", in.ID, in.Kind, in.Parent, in.Labels))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -460,7 +460,12 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) erro
 			return fmt.Errorf("delete sandbox %q: %w", id, err)
 		}
 	}
-	return m.removeRecord(ctx, r)
+	if err := m.removeRecord(ctx, r); err != nil {
+		return err
+	}
+	// Its layer may have been the last child of a deleted checkpoint's.
+	m.gc(ctx)
+	return nil
 }
 
 // removeRecord removes a sandbox's layer and record.

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,13 +40,20 @@ func newManager(t *testing.T) *statemgr.Manager {
 	testutil.CheckLeaks(t)
 	root := t.TempDir()
 	ctx := context.Background()
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: testutil.CgroupParent()})
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: testutil.CgroupParent(), Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatalf("statemgr.New: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := m.Close(); err != nil {
 			t.Errorf("close manager: %v", err)
+		}
+	})
+	// The invariant checker runs after the test's own cleanups (which
+	// delete its sandboxes), before the manager closes.
+	t.Cleanup(func() {
+		if err := m.Fsck(ctx); err != nil {
+			t.Errorf("fsck of the checkpoint tree: %v", err)
 		}
 	})
 	return m
@@ -472,7 +480,7 @@ func TestRestartRecoversSandboxes(t *testing.T) {
 	testutil.CheckLeaks(t)
 	root := t.TempDir()
 	ctx := context.Background()
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: testutil.CgroupParent()})
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: testutil.CgroupParent(), Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
