@@ -14,7 +14,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"sort"
@@ -39,13 +38,17 @@ func main() {
 }
 
 func run(n, calls int, storage string) error {
+	level := slog.LevelInfo
+	if os.Getenv("DELTABOX_TRACE") != "" {
+		level = slog.LevelDebug
+	}
 	ctx := context.Background()
 	root, err := os.MkdirTemp("", "deltabox-bench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(root)
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Storage: storage, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Storage: storage, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
 	if err != nil {
 		return err
 	}

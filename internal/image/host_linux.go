@@ -153,6 +153,13 @@ func (s *store) hostLayerFS() error {
 		return fmt.Errorf("stat %q: %w", s.hostDir(), err)
 	}
 	if hst.Dev != rst.Dev {
+		// Already on its own filesystem. If that is the tmpfs a previous
+		// daemon mounted (and died without detaching), adopt it so that
+		// Close detaches it.
+		var fs unix.Statfs_t
+		if unix.Statfs(s.hostDir(), &fs) == nil && fs.Type == unix.TMPFS_MAGIC {
+			s.hostMounted = true
+		}
 		return nil
 	}
 	// A previous daemon's tmpfs would have another dev: this is a plain

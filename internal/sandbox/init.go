@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"runtime"
 	"sync"
 	"syscall"
@@ -51,6 +52,7 @@ type initState struct {
 }
 
 func runInit() error {
+	tr := newTrace(nil)
 	os.Unsetenv(envInit)
 	ctl := os.NewFile(3, "control")
 	c, err := newConn(ctl)
@@ -78,8 +80,10 @@ func runInit() error {
 		st.home = files[1]
 		closeFiles(files[2:])
 	}
+	tr.step("boot")
 	err = setupRoot(m.Config, tree)
 	tree.Close()
+	tr.step("root")
 	if err != nil {
 		_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
 		return err
@@ -90,13 +94,14 @@ func runInit() error {
 			_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
 			return err
 		}
+		tr.step("seccomp")
 	}
 	// SIGCHLD is delivered to the reaper; every other signal the kernel
 	// sends to a pid 1 from inside its namespace is ignored unless handled.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, unix.SIGCHLD)
 	go st.reap(sigs)
-	if err := c.Send(message{Op: opReady, ID: m.ID}); err != nil {
+	if err := c.Send(message{Op: opReady, ID: m.ID, Trace: strings.Join(tr.steps, " ")}); err != nil {
 		return err
 	}
 	for {

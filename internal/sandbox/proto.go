@@ -45,6 +45,7 @@ type message struct {
 	Status int         `json:"status,omitempty"`
 	Signal int         `json:"signal,omitempty"`
 	Err    string      `json:"err,omitempty"`
+	Trace  string      `json:"trace,omitempty"` // ready: how long the init's steps took
 }
 
 // initConfig is what the init sets up before it reports ready.

@@ -42,7 +42,6 @@ import (
 
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/layer"
-	"github.com/deltabox/deltabox/internal/nsexec"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
 )
 
@@ -62,9 +61,9 @@ type Spec struct {
 	ImageLowers []string
 	// Layer is the view of the sandbox's active layer (upper, work and
 	// committed lowers, which already hold shifted ids).
-	Layer  layer.View
-	Limits Limits
-	Env    []string // the default environment of every command
+	Layer   layer.View
+	Limits  Limits
+	Env     []string // the default environment of every command
 	Workdir string
 }
 
@@ -168,16 +167,40 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 		}
 	}()
 
-	// 1. A handle on a user namespace with the sandbox's id map, for the
-	//    idmapped image lowers.
-	userns, err := r.userNamespace(ctx, spec.IDs)
+	tr := newTrace(ctx)
+	defer tr.done(r.log, "start sandbox "+spec.ID)
+
+	// 1. The cgroup, so that the init is in it before it can start anything.
+	cg, err := cgroup.New(ctx, spec.ID, cgroup.Limits{
+		MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.Pids, CPUs: spec.Limits.CPUs,
+	}, cgroup.WithParent(r.cgParent))
 	if err != nil {
 		return nil, err
 	}
-	defer userns.Close()
+	undo = append(undo, func() { _ = cg.Delete(context.Background()) })
+	tr.step("cgroup")
 
-	// 2. The image's lowers, idmapped and read-only.
-	var lowers []string
+	// 2. The init, in new namespaces. It boots while the root is mounted and
+	//    waits for its config.
+	sb := &Sandbox{
+		id: spec.ID, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: spec.IDs, env: spec.Env,
+		workdir: spec.Workdir, cg: cg, log: r.log.With("sandbox", spec.ID),
+		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
+		sess: map[SessionKind]*session{}, deadCh: make(chan struct{}),
+	}
+	if err := r.spawnInit(sb, spec); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { sb.killInit() })
+	tr.step("init spawn")
+
+	// 3. The image's lowers, idmapped with the init's own user namespace
+	//    and read-only.
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", sb.init.Process.Pid))
+	if err != nil {
+		return nil, fmt.Errorf("open the init's user namespace: %w", err)
+	}
+	defer userns.Close()
 	for i, l := range spec.ImageLowers {
 		target := filepath.Join(dir, "lower"+strconv.Itoa(i))
 		if err := os.Mkdir(target, 0o700); err != nil {
@@ -187,10 +210,11 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 			return nil, err
 		}
 		undo = append(undo, func() { _ = layer.Unmount(target) })
-		lowers = append(lowers, target)
+		sb.lowers = append(sb.lowers, target)
 	}
+	tr.step("idmap")
 
-	// 3. The root: overlay of the active layer over the image. The upper's
+	// 4. The root: overlay of the active layer over the image. The upper's
 	//    root belongs to the sandbox's root user.
 	if spec.Layer.Upper != "" {
 		for _, d := range []string{spec.Layer.Upper, spec.Layer.Work} {
@@ -199,40 +223,27 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 			}
 		}
 	}
-	rootfs := filepath.Join(dir, "rootfs")
-	if err := os.Mkdir(rootfs, 0o755); err != nil {
+	if err := os.Mkdir(sb.rootfs, 0o755); err != nil {
 		return nil, err
 	}
-	if err := layer.MountOverlay(spec.Layer, lowers, rootfs); err != nil {
+	if err := layer.MountOverlay(spec.Layer, sb.lowers, sb.rootfs); err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { _ = layer.Unmount(rootfs) })
+	undo = append(undo, func() { _ = layer.Unmount(sb.rootfs) })
+	tr.step("overlay")
 
-	// 4. The cgroup.
-	cg, err := cgroup.New(ctx, spec.ID, cgroup.Limits{
-		MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.Pids, CPUs: spec.Limits.CPUs,
-	}, cgroup.WithParent(r.cgParent))
-	if err != nil {
+	// 5. The init sets the root up.
+	if err := r.configureInit(ctx, sb, spec); err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { _ = cg.Delete(context.Background()) })
-
-	// 5. The init, in new namespaces. It waits for its config, so it is in
-	//    the cgroup before it can start anything.
-	sb := &Sandbox{
-		id: spec.ID, dir: dir, rootfs: rootfs, lowers: lowers, ids: spec.IDs, env: spec.Env,
-		workdir: spec.Workdir, cg: cg, log: r.log.With("sandbox", spec.ID),
-		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
-		sess: map[SessionKind]*session{}, deadCh: make(chan struct{}),
-	}
-	if err := r.startInit(ctx, sb, spec); err != nil {
-		return nil, err
-	}
-	undo = append(undo, func() { sb.killInit() })
+	tr.step("init setup")
 	return sb, nil
 }
 
-func (r *Runtime) startInit(ctx context.Context, sb *Sandbox, spec Spec) error {
+// spawnInit starts the init in new user, mount, pid, net, uts and ipc
+// namespaces and puts it in the sandbox's cgroup; it then waits for its
+// config.
+func (r *Runtime) spawnInit(sb *Sandbox, spec Spec) error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("control socketpair: %w", err)
@@ -279,14 +290,18 @@ func (r *Runtime) startInit(ctx context.Context, sb *Sandbox, spec Spec) error {
 	}
 	go sb.readLoop()
 	go func() { _ = cmd.Wait(); sb.markDead() }()
+	return nil
+}
 
+// configureInit sends the init its config and waits until its root is set
+// up.
+func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) error {
 	// The init gets its root as a detached clone of the root's mount, which
 	// it attaches in its own mount namespace: the path of the host's mount
 	// lies below directories the sandbox's user may not traverse, and an fd
 	// of a mount of the host's namespace cannot be bound from another.
 	tfd, err := unix.OpenTree(unix.AT_FDCWD, sb.rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
-		sb.killInit()
 		return fmt.Errorf("clone root mount: %w", err)
 	}
 	tree := os.NewFile(uintptr(tfd), "rootfs-tree")
@@ -299,46 +314,13 @@ func (r *Runtime) startInit(ctx context.Context, sb *Sandbox, spec Spec) error {
 	cfg := &initConfig{Hostname: spec.Hostname, Seccomp: r.seccomp}
 	reply, err := sb.request(ctx, message{Op: opConfig, Config: cfg}, files...)
 	if err != nil {
-		sb.killInit()
 		return fmt.Errorf("init setup: %w", err)
 	}
 	if reply.Op != opReady {
-		sb.killInit()
 		return fmt.Errorf("init setup: unexpected %q", reply.Op)
 	}
+	sb.log.Debug("init ready", "steps", reply.Trace)
 	return nil
-}
-
-// userNamespace returns an fd of a user namespace with the id map m. A holder
-// process (the C part's hold mode: no Go runtime start) is created in a new
-// user namespace; its namespace outlives it through the fd.
-func (r *Runtime) userNamespace(ctx context.Context, m IDMap) (*os.File, error) {
-	cmd := exec.CommandContext(ctx, r.exe)
-	cmd.Args = []string{"deltabox-userns"}
-	cmd.Env = []string{nsexec.EnvMode + "=" + nsexec.ModeHold}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  unix.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostBase), Size: int(m.Size)}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(m.HostBase), Size: int(m.Size)}},
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start user namespace holder: %w", err)
-	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
-	stdin.Close()
-	werr := cmd.Wait()
-	if err != nil {
-		return nil, fmt.Errorf("open user namespace: %w", err)
-	}
-	if werr != nil {
-		f.Close()
-		return nil, fmt.Errorf("user namespace holder: %w", werr)
-	}
-	return f, nil
 }
 
 // idmapMount mounts a detached, idmapped, read-only clone of dir's mount at
