@@ -1,0 +1,13 @@
+//go:build linux
+
+package main
+
+import "github.com/deltabox/deltabox/internal/sandbox"
+
+// maybeRunSandboxInit runs the sandbox init (and never returns) when the
+// daemon re-executed this binary as one.
+func maybeRunSandboxInit() {
+	if sandbox.IsInit() {
+		sandbox.RunInit()
+	}
+}

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package main
+
+// maybeRunSandboxInit does nothing: sandboxes run on Linux only.
+func maybeRunSandboxInit() {}
