@@ -15,6 +15,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v go >/dev/null 2>&1 || export PATH=$PATH:/usr/local/go/bin
 export HOME=${HOME:-/root}
 
+# Converge the machine first (about a second when it is set up already), so
+# that this one command is all a fresh machine needs.
+if [[ ${DELTABOX_SKIP_SETUP:-} != 1 ]]; then
+	scripts/setup.sh
+fi
+
 LOG=${DELTABOX_TEST_LOG:-$(mktemp /tmp/deltabox-test.XXXXXX.log)}
 T0=$(date +%s)
 args=("$@")

@@ -650,7 +650,8 @@ func (r *rootImpl) writeFile(ctx context.Context, p string, rd io.Reader, perm f
 	}()
 	n, err := io.Copy(f, io.LimitReader(ctxReader{ctx, rd}, max+1))
 	if err != nil {
-		return fmt.Errorf("write file %q: %w", p, err)
+		// A full disk (ENOSPC from the write) is resource exhausted.
+		return fmt.Errorf("write file %q: %w", p, classed(err))
 	}
 	if n > max {
 		return fmt.Errorf("write file %q: more than %d bytes: %w", p, max, errdefs.ErrResourceExhausted)
@@ -664,7 +665,7 @@ func (r *rootImpl) writeFile(ctx context.Context, p string, rd io.Reader, perm f
 	err = f.Close()
 	f = nil
 	if err != nil {
-		return fmt.Errorf("write file %q: %w", p, err)
+		return fmt.Errorf("write file %q: %w", p, classed(err))
 	}
 	if err := unix.Renameat(dfd, tmp, dfd, base); err != nil {
 		return wrapErrno("write file", p, err)

@@ -260,7 +260,7 @@ func (x *extractor) entry(ctx context.Context, hdr *tar.Header, r io.Reader) err
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				return fmt.Errorf("truncated content: %w", errdefs.ErrInvalidArgument)
 			}
-			return err
+			return classed(err) // a full disk is resource exhausted
 		}
 		if err := x.setOwnerMode(fd, uid, gid, mode, hdr); err != nil {
 			return err

@@ -126,12 +126,16 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 		return nil, fmt.Errorf("init metadata: %w", err)
 	}
 	m.storage = opts.Storage
-	if m.storage == "" {
-		m.storage = probe.DefaultKind(filepath.Join(opts.Root, "layers"))
-	}
-	m.layers, err = probe.Open(ctx, m.storage, filepath.Join(opts.Root, "layers"))
-	if err != nil {
-		return nil, err
+	if opts.Layers != nil {
+		m.layers = opts.Layers
+	} else {
+		if m.storage == "" {
+			m.storage = probe.DefaultKind(filepath.Join(opts.Root, "layers"))
+		}
+		m.layers, err = probe.Open(ctx, m.storage, filepath.Join(opts.Root, "layers"))
+		if err != nil {
+			return nil, err
+		}
 	}
 	closers = append(closers, m.layers)
 	m.images, err = image.New(opts.Root)

@@ -1,11 +1,18 @@
 package statemgr
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"github.com/deltabox/deltabox/internal/layer"
+)
 
 // Options configure a Manager.
 type Options struct {
 	Root    string // state directory (metadata, layers, images, mount points)
 	Storage string // layer store backend: btrfs | overlay | copy; "" picks by probing
+	// Layers, when set, is the layer store to use instead of opening one by
+	// Storage (tests give a small one); the manager closes it.
+	Layers layer.Store
 	Logger  *slog.Logger
 	// CgroupParent is the cgroup directory sandboxes go under (default
 	// "deltabox"; it must start with "deltabox").

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/layer/btrfs"
 	"github.com/deltabox/deltabox/internal/safefs"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
@@ -511,5 +513,110 @@ func TestRestartRecoversSandboxes(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(root, "run")); len(entries) != 0 {
 		t.Errorf("run dir not empty after delete: %v", entries)
+	}
+}
+
+func TestFullDiskIsResourceExhausted(t *testing.T) {
+	testutil.RequiresBtrfs(t)
+	testutil.CheckLeaks(t)
+	root := t.TempDir()
+	ctx := context.Background()
+	layers, err := btrfs.New(filepath.Join(root, "layers"), btrfs.WithImageSize(256<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Layers: layers, Storage: "btrfs", CgroupParent: testutil.CgroupParent()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	in, err := m.CreateSandbox(ctx, sandbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.DeleteSandbox(ctx, in.ID, true)
+	files, release, err := m.Files(ctx, in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = files.WriteFile(ctx, "/work/big", io.LimitReader(zeroReader{}, 400<<20), 0o644, 1<<30)
+	release()
+	if !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("writing 400 MiB into a 256 MiB store: %v, want resource exhausted", err)
+	}
+	// Nothing half-written is left, and the sandbox still works.
+	if r := sh(t, m, in.ID, "test ! -e /work/big && echo ok"); r.stdout != "ok\n" {
+		t.Errorf("after the full disk: %q %q", r.stdout, r.stderr)
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) {
+	for i := range b {
+		b[i] = 0
+	}
+	return len(b), nil
+}
+
+// TestImportedImage builds a tiny rootfs from the host's bash and the
+// libraries it needs, imports it, and runs a command in a sandbox of it: the
+// idmapped lower and the exec path work for an image that is not the host's.
+func TestImportedImage(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(name string, mode int64, body []byte) {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(body)
+	}
+	out, err := exec.Command("ldd", "/usr/bin/bash").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{"/usr/bin/bash"}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				files = append(files, f)
+			}
+		}
+	}
+	for _, d := range []string{"bin/", "lib/", "lib64/", "work/", "tmp/", "proc/", "dev/", "sys/"} {
+		tw.WriteHeader(&tar.Header{Name: d, Mode: 0o755, Typeflag: tar.TypeDir})
+	}
+	for _, f := range files {
+		real, err := filepath.EvalSymlinks(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(real)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(f, "/")
+		if strings.HasPrefix(name, "usr/bin/") {
+			name = "bin/" + filepath.Base(name)
+		} else if strings.HasPrefix(name, "lib/") || strings.HasPrefix(name, "usr/lib/") {
+			name = "lib/" + filepath.Base(name)
+		}
+		add(name, 0o755, b)
+	}
+	// The loader looks in /lib64 and /lib/x86_64-linux-gnu: point both at lib.
+	tw.WriteHeader(&tar.Header{Name: "lib/x86_64-linux-gnu", Typeflag: tar.TypeSymlink, Linkname: "."})
+	tw.Close()
+	if _, err := m.ImportImage(ctx, "mini", &buf); err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	id := create(t, m, sandbox.Config{Image: "mini", Env: []string{"PATH=/bin"}})
+	r := run(t, m, id, 10*time.Second, "/bin/bash", "-c", "echo hello from mini; echo $(( 6 * 7 )) > /work/x; read -r v < /work/x; echo $v; [[ -e /usr/bin/python3 ]] || echo isolated")
+	if r.stdout != "hello from mini\n42\nisolated\n" {
+		t.Errorf("mini image: exit %d %q %q", r.ExitCode, r.stdout, r.stderr)
+	}
+	if err := m.RemoveImage(ctx, "mini"); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("removing an image in use: %v", err)
 	}
 }
