@@ -35,6 +35,8 @@ type Backend interface {
 	ImportImage(ctx context.Context, name string, r io.Reader) (image.Info, error)
 	ListImages(ctx context.Context) ([]image.Info, error)
 	RemoveImage(ctx context.Context, name string) error
+
+	Checkpointer
 }
 
 // SystemInfo is what `deltabox info` shows.

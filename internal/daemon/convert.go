@@ -3,6 +3,7 @@
 package daemon
 
 import (
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -10,6 +11,7 @@ import (
 
 	v1 "github.com/deltabox/deltabox/api/deltabox/v1"
 	"github.com/deltabox/deltabox/internal/image"
+	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/safefs"
 	"github.com/deltabox/deltabox/internal/sandbox"
 )
@@ -91,4 +93,60 @@ func exitToProto(res sandbox.ExecResult) *v1.ExecResponse {
 		StderrTruncated: res.StderrTruncated,
 		Duration:        durationpb.New(res.Duration),
 	}}}
+}
+
+// millis converts the backend's fractional milliseconds to a duration.
+func millis(ms float64) *durationpb.Duration {
+	return durationpb.New(time.Duration(math.Round(ms * float64(time.Millisecond))))
+}
+
+var processPaths = map[ProcessPath]v1.ProcessPath{
+	PathTemplate: v1.ProcessPath_PROCESS_PATH_TEMPLATE,
+	PathCRIU:     v1.ProcessPath_PROCESS_PATH_CRIU,
+	PathReplay:   v1.ProcessPath_PROCESS_PATH_REPLAY,
+	PathNone:     v1.ProcessPath_PROCESS_PATH_NONE,
+}
+
+func processesToProto(ps []ProcessState) []*v1.ProcessState {
+	out := make([]*v1.ProcessState, len(ps))
+	for i, p := range ps {
+		out[i] = &v1.ProcessState{Name: p.Name, Path: processPaths[p.Path], Reason: p.Reason}
+	}
+	return out
+}
+
+func checkpointToProto(ck Checkpoint) *v1.Checkpoint {
+	return &v1.Checkpoint{
+		Id:        ck.ID,
+		Parent:    ck.Parent,
+		SandboxId: ck.Sandbox,
+		Name:      ck.Name,
+		Labels:    ck.Labels,
+		Created:   timestamp(ck.Created),
+		Pause:     millis(ck.PauseMs),
+		Processes: processesToProto(ck.Processes),
+		Heads:     ck.Heads,
+	}
+}
+
+func checkpointsToProto(cks []Checkpoint) []*v1.Checkpoint {
+	out := make([]*v1.Checkpoint, len(cks))
+	for i, ck := range cks {
+		out[i] = checkpointToProto(ck)
+	}
+	return out
+}
+
+var changeKinds = map[layer.ChangeKind]v1.ChangeKind{
+	layer.ChangeAdd:    v1.ChangeKind_CHANGE_KIND_ADDED,
+	layer.ChangeModify: v1.ChangeKind_CHANGE_KIND_MODIFIED,
+	layer.ChangeDelete: v1.ChangeKind_CHANGE_KIND_REMOVED,
+}
+
+func changesToProto(cs []layer.Change) []*v1.Change {
+	out := make([]*v1.Change, len(cs))
+	for i, c := range cs {
+		out[i] = &v1.Change{Path: c.Path, Kind: changeKinds[c.Kind]}
+	}
+	return out
 }

@@ -30,7 +30,12 @@ const (
 	maxPath       = 4096
 	maxLabelValue = 1024
 	maxArgs       = 64 << 10
+	// maxCheckpointName is the longest checkpoint name, in bytes.
+	maxCheckpointName = 128
 )
+
+// MaxFork is the most sandboxes one Fork makes.
+const MaxFork = 256
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
@@ -39,6 +44,39 @@ func invalid(format string, args ...any) error {
 func validSandboxID(id string) error {
 	if !idRe.MatchString(id) {
 		return invalid("bad sandbox id %q", id)
+	}
+	return nil
+}
+
+func validCheckpointID(id string) error {
+	if !idRe.MatchString(id) {
+		return invalid("bad checkpoint id %q", id)
+	}
+	return nil
+}
+
+// validTreeID checks an id that names a sandbox or a checkpoint (Diff, Tree):
+// which one it is, is the backend's business.
+func validTreeID(id string) error {
+	if !idRe.MatchString(id) {
+		return invalid("bad sandbox or checkpoint id %q", id)
+	}
+	return nil
+}
+
+func validCheckpointName(name string) error {
+	if len(name) > maxCheckpointName {
+		return invalid("checkpoint name longer than %d bytes", maxCheckpointName)
+	}
+	if strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return invalid("checkpoint name %q contains a control character", name)
+	}
+	return nil
+}
+
+func validForkCount(n int32) error {
+	if n < 1 || n > MaxFork {
+		return invalid("fork count %d: want 1 to %d", n, MaxFork)
 	}
 	return nil
 }

@@ -48,13 +48,22 @@ type proc struct {
 // start starts argv in the sandbox in a child cgroup named cgName, with
 // pipes for its stdio (stdin only when withStdin).
 func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, cgName string, withStdin bool) (_ *proc, err error) {
+	s.mu.Lock()
+	if s.rerooting {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %q is being restored: %w", s.id, errdefs.ErrUnavailable)
+	}
 	cg, err := s.cg.Child(cgName)
+	if err == nil {
+		s.children[cgName] = cg
+	}
+	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			_ = cg.Delete(context.Background())
+			s.deleteChild(cg)
 		}
 	}()
 	tasks, err := cg.TasksFile()
@@ -231,8 +240,20 @@ func (s *Sandbox) wait(ctx context.Context, p *proc, timeout time.Duration) (Exe
 // started still live in it (they stay until the sandbox is destroyed).
 func (s *Sandbox) releaseCgroup(cg cgroup.Cgroup) {
 	if procs, err := cg.Procs(); err == nil && len(procs) == 0 {
-		_ = cg.Delete(context.Background())
+		s.deleteChild(cg)
 	}
+}
+
+// deleteChild kills what is left in a child cgroup and removes it.
+func (s *Sandbox) deleteChild(cg cgroup.Cgroup) {
+	_ = cg.Delete(context.Background())
+	s.mu.Lock()
+	for name, c := range s.children {
+		if c == cg {
+			delete(s.children, name)
+		}
+	}
+	s.mu.Unlock()
 }
 
 func exitCode(ws unix.WaitStatus) int {

@@ -46,6 +46,10 @@ func RunInit() {
 type initState struct {
 	c    *conn
 	home *os.File // the sandbox cgroup's v1 "tasks" file: spawning threads return there
+	// filter is the workload's seccomp filter. The init itself is not
+	// filtered (it replaces its root on restore); each process it starts is
+	// forked from a throwaway thread that loaded the filter.
+	filter *seccomp.Program
 
 	mu       sync.Mutex // guards children; held across fork and register so the reaper cannot miss an exit
 	children map[int]bool
@@ -89,11 +93,14 @@ func runInit() error {
 		return err
 	}
 	if m.Config.Seccomp {
-		if err := seccomp.Apply(); err != nil {
+		// Compiled once; loaded on each spawning thread (see spawn).
+		prog, err := seccomp.Compile(seccomp.Default())
+		if err != nil {
 			err = fmt.Errorf("seccomp: %w", err)
 			_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
 			return err
 		}
+		st.filter = prog
 		tr.step("seccomp")
 	}
 	// SIGCHLD is delivered to the reaper; every other signal the kernel
@@ -121,6 +128,19 @@ func runInit() error {
 				continue
 			}
 			go st.spawn(m, files)
+		case opReroot:
+			if len(files) != 1 {
+				closeFiles(files)
+				_ = c.Send(message{Op: opError, ID: m.ID, Err: "reroot: want one file"})
+				continue
+			}
+			err := reroot(files[0])
+			files[0].Close()
+			if err != nil {
+				_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+				continue
+			}
+			_ = c.Send(message{Op: opReady, ID: m.ID})
 		case opSignal:
 			closeFiles(files)
 			if m.Pid > 1 {
@@ -179,14 +199,20 @@ func (st *initState) spawn(m message, files []*os.File) {
 		attr.Sys.CgroupFD = int(files[3].Fd())
 	}
 
-	// Runs on its own goroutine (see runInit): a thread that cannot leave
-	// the exec cgroup is never unlocked, so the runtime destroys it when the
-	// goroutine returns.
+	// Runs on its own goroutine (see runInit). The thread it locks is
+	// filtered by seccomp before the fork, and never unlocked: the runtime
+	// destroys it when the goroutine returns, so no other goroutine ever
+	// runs filtered or in the exec cgroup.
 	runtime.LockOSThread()
+	if st.filter != nil {
+		if err := st.filter.ApplyThread(); err != nil {
+			fail(fmt.Errorf("spawn: %w", err))
+			return
+		}
+	}
 	moved := false
 	if req.Cgroup && !req.V2 {
 		if _, err := unix.Write(int(files[3].Fd()), []byte("0")); err != nil {
-			runtime.UnlockOSThread()
 			fail(fmt.Errorf("spawn: join exec cgroup: %w", err))
 			return
 		}
@@ -199,12 +225,14 @@ func (st *initState) spawn(m message, files []*os.File) {
 	}
 	st.mu.Unlock()
 	if moved {
+		// Leave the exec cgroup at once, although the thread dies with this
+		// goroutine: while it is there, v1's cgroup.procs lists the init's
+		// pid in the exec's cgroup, where a timeout's kill would find it.
 		if _, err := unix.Write(int(st.home.Fd()), []byte("0")); err != nil {
 			fail(fmt.Errorf("spawn: leave exec cgroup: %w", err))
-			return // thread stays locked and is destroyed
+			return
 		}
 	}
-	runtime.UnlockOSThread()
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) && req.Cwd != "" {
 			if _, serr := os.Stat(req.Cwd); serr != nil {

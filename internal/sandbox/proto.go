@@ -27,6 +27,7 @@ const (
 	opSpawned = "spawned" // init -> daemon: Pid
 	opExited  = "exited"  // init -> daemon: Pid, Status (a wait status)
 	opSignal  = "signal"  // daemon -> init: Pid, Signal
+	opReroot  = "reroot"  // daemon -> init: pivot into a new root; files: detached root mount
 	opError   = "error"   // init -> daemon: Err, for the request ID
 )
 

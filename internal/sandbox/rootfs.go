@@ -174,6 +174,35 @@ func loopbackUp() error {
 	return nil
 }
 
+// reroot runs in the init, whose only remaining process it is: it attaches
+// tree (a detached clone of the new root's mount) on a directory of the
+// current root, moves /proc, /sys and /dev into it and pivots into it. The
+// old root is detached.
+func reroot(tree *os.File) error {
+	// Any directory of the old root will do as the attachment point; the
+	// whole old root is dropped below.
+	at := "/tmp"
+	if fi, err := os.Stat(at); err != nil || !fi.IsDir() {
+		at = "/.deltabox-reroot"
+		if err := os.MkdirAll(at, 0o700); err != nil {
+			return fmt.Errorf("reroot: %w", err)
+		}
+	}
+	if err := unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("reroot: attach new root: %w", err)
+	}
+	for _, m := range []string{"proc", "sys", "dev"} {
+		target := filepath.Join(at, m)
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return fmt.Errorf("reroot: %w", err)
+		}
+		if err := unix.Mount("/"+m, target, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("reroot: move /%s: %w", m, err)
+		}
+	}
+	return pivotRoot(at)
+}
+
 func pivotRoot(root string) error {
 	if err := unix.Chdir(root); err != nil {
 		return fmt.Errorf("chdir root: %w", err)

@@ -125,18 +125,26 @@ type Sandbox struct {
 	pending map[uint64]chan message // request ID -> answer
 	waiters map[int]chan int        // pid -> wait status
 	early   map[int]int             // exits that arrived before their waiter
-	execs   int
-	dead    bool
-	sess    map[SessionKind]*session
-	deadCh  chan struct{}
+	execs     int
+	dead      bool
+	rerooting bool // a restore is replacing the root: no new processes
+	gen       int  // how many times the root was replaced
+	sess      map[SessionKind]*session
+	children  map[string]cgroup.Cgroup // child cgroups of commands and sessions
+	deadCh    chan struct{}
 }
 
 // ID returns the sandbox's id.
 func (s *Sandbox) ID() string { return s.id }
 
 // Rootfs returns the host path where the sandbox's root is mounted, for file
-// operations from the host (internal/safefs confines them to it).
-func (s *Sandbox) Rootfs() string { return s.rootfs }
+// operations from the host (internal/safefs confines them to it). A restore
+// mounts the new root elsewhere, so ask again after one.
+func (s *Sandbox) Rootfs() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rootfs
+}
 
 // InitPid returns the host pid of the sandbox's init.
 func (s *Sandbox) InitPid() int { return s.init.Process.Pid }
@@ -186,7 +194,7 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 		id: spec.ID, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: spec.IDs, env: spec.Env,
 		workdir: spec.Workdir, cg: cg, log: r.log.With("sandbox", spec.ID),
 		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
-		sess: map[SessionKind]*session{}, deadCh: make(chan struct{}),
+		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, deadCh: make(chan struct{}),
 	}
 	if err := r.spawnInit(sb, spec); err != nil {
 		return nil, err
@@ -300,11 +308,10 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) err
 	// it attaches in its own mount namespace: the path of the host's mount
 	// lies below directories the sandbox's user may not traverse, and an fd
 	// of a mount of the host's namespace cannot be bound from another.
-	tfd, err := unix.OpenTree(unix.AT_FDCWD, sb.rootfs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	tree, err := cloneMount(sb.rootfs)
 	if err != nil {
-		return fmt.Errorf("clone root mount: %w", err)
+		return err
 	}
-	tree := os.NewFile(uintptr(tfd), "rootfs-tree")
 	defer tree.Close()
 	files := []*os.File{tree}
 	if home, err := sb.cg.TasksFile(); err == nil && home != nil {
@@ -321,6 +328,16 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) err
 	}
 	sb.log.Debug("init ready", "steps", reply.Trace)
 	return nil
+}
+
+// cloneMount returns a detached clone of the mount at dir, to be attached in
+// another mount namespace.
+func cloneMount(dir string) (*os.File, error) {
+	tfd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return nil, fmt.Errorf("clone root mount: %w", err)
+	}
+	return os.NewFile(uintptr(tfd), "rootfs-tree"), nil
 }
 
 // idmapMount mounts a detached, idmapped, read-only clone of dir's mount at
@@ -474,8 +491,11 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if err := s.cg.Delete(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := unmountIfMounted(s.rootfs); err != nil {
-		errs = append(errs, err)
+	roots, _ := filepath.Glob(filepath.Join(s.dir, "rootfs*"))
+	for _, r := range roots {
+		if err := unmountIfMounted(r); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, l := range s.lowers {
 		if err := unmountIfMounted(l); err != nil {
@@ -514,8 +534,11 @@ func (r *Runtime) CleanOrphans(ctx context.Context) ([]string, error) {
 			continue
 		}
 		dir := filepath.Join(r.runDir, e.Name())
-		if err := unmountIfMounted(filepath.Join(dir, "rootfs")); err != nil {
-			errs = append(errs, err)
+		roots, _ := filepath.Glob(filepath.Join(dir, "rootfs*"))
+		for _, r := range roots {
+			if err := unmountIfMounted(r); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		lowers, _ := filepath.Glob(filepath.Join(dir, "lower*"))
 		for _, l := range lowers {

@@ -174,7 +174,7 @@ func (s *Sandbox) session(ctx context.Context, kind SessionKind) (*session, erro
 	defer s.mu.Unlock()
 	if other, ok := s.sess[kind]; ok {
 		// Lost a race with a concurrent first call: use the winner.
-		go ss.kill()
+		go func() { ss.kill(); s.deleteChild(ss.p.cg) }()
 		return other, nil
 	}
 	s.sess[kind] = ss
@@ -188,6 +188,7 @@ func (s *Sandbox) dropSession(ss *session) {
 	}
 	s.mu.Unlock()
 	ss.kill()
+	s.deleteChild(ss.p.cg)
 }
 
 func (ss *session) kill() {
@@ -195,7 +196,6 @@ func (ss *session) kill() {
 	defer cancel()
 	_ = ss.p.cg.Kill(ctx)
 	ss.closePipes()
-	_ = ss.p.cg.Delete(ctx)
 }
 
 func (ss *session) closePipes() { ss.p.closeHostEnds() }

@@ -209,26 +209,43 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	if err != nil {
 		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
 	}
-	m.mu.Lock()
-	old := m.live[id]
-	delete(m.live, id)
-	m.mu.Unlock()
-	if old != nil {
-		if err := old.Destroy(ctx); err != nil {
-			m.log.Warn("restore: destroying the old processes", "sandbox", id, "err", err)
-		}
-	}
 	oldLayer, oldHead := r.Layer, r.Head
 	r.Layer, r.Head = active.ID, ck.ID
-	sb, err := m.startRecord(ctx, r)
-	if err != nil {
-		// Put the sandbox back on its own layer rather than leave it dead.
-		r.Layer, r.Head = oldLayer, oldHead
-		if _, rerr := m.startRecord(context.Background(), r); rerr != nil {
-			m.log.Warn("restore failed and the sandbox could not be restarted", "sandbox", id, "err", rerr)
+	m.mu.Lock()
+	sb := m.live[id]
+	m.mu.Unlock()
+	if sb != nil && sb.Alive() {
+		// In place: same init, namespaces and cgroup; a new root.
+		view, err := m.layers.Mounts(ctx, active.ID)
+		if err == nil {
+			err = sb.Reroot(ctx, view)
 		}
-		_ = m.layers.Remove(context.Background(), active.ID)
-		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+		if err == nil {
+			err = m.put(r)
+		}
+		if err != nil {
+			_ = m.layers.Remove(context.Background(), active.ID)
+			r.Layer, r.Head = oldLayer, oldHead
+			if !sb.Alive() {
+				m.restart(r)
+			}
+			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+		}
+	} else {
+		// Stopped: start it on the new layer.
+		m.mu.Lock()
+		delete(m.live, id)
+		m.mu.Unlock()
+		if sb != nil {
+			_ = sb.Destroy(ctx)
+		}
+		sb, err = m.startRecord(ctx, r)
+		if err != nil {
+			r.Layer, r.Head = oldLayer, oldHead
+			m.restart(r)
+			_ = m.layers.Remove(context.Background(), active.ID)
+			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+		}
 	}
 	res := daemon.RestoreResult{Processes: restoredProcesses(ck)}
 	if ck.HasShell {
@@ -241,6 +258,21 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 		m.log.Warn("restore: old layer kept for GC", "layer", oldLayer, "err", err)
 	}
 	return res, nil
+}
+
+// restart puts a sandbox whose restore failed back on its own layer rather
+// than leave it dead.
+func (m *Manager) restart(r *record) {
+	m.mu.Lock()
+	old := m.live[r.ID]
+	delete(m.live, r.ID)
+	m.mu.Unlock()
+	if old != nil {
+		_ = old.Destroy(context.Background())
+	}
+	if _, err := m.startRecord(context.Background(), r); err != nil {
+		m.log.Warn("restore failed and the sandbox could not be restarted", "sandbox", r.ID, "err", err)
+	}
 }
 
 // restoredProcesses says how each process of a checkpoint comes back; the

@@ -131,6 +131,7 @@ func TestSandboxSeesOnlyItsRoot(t *testing.T) {
 		{"kcore masked", "test ! -s /proc/kcore"},
 		{"proc sys read-only", "! echo 1 > /proc/sys/kernel/domainname"},
 		{"mount denied", "! mount -t tmpfs x /mnt 2>/dev/null"},
+		{"workload filtered by seccomp", "grep -q '^Seccomp:[[:space:]]*2' /proc/self/status && grep -q '^NoNewPrivs:[[:space:]]*1' /proc/self/status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := sh(t, m, id, tc.script)

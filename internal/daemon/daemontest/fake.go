@@ -26,7 +26,10 @@ import (
 
 // Fake is an in-memory Backend. Sandboxes are map entries; each has a
 // directory under Dir that Files opens with safefs. Exec understands a few
-// commands (see Exec). It is safe for concurrent use.
+// commands (see Exec). Checkpoints copy a sandbox's directory (see
+// Checkpoint). Ids and times are deterministic: sandboxes are sb-0001,
+// sb-0002, ...; checkpoints ck-0001, ...; every duration is a fixed number.
+// It is safe for concurrent use.
 type Fake struct {
 	// Dir holds one directory per sandbox, its "root filesystem".
 	Dir string
@@ -41,6 +44,9 @@ type Fake struct {
 	next      int
 	sandboxes map[string]*fakeSandbox
 	images    map[string]image.Info
+	// checkpoints and the counters that name them and their trees.
+	checkpoints      map[string]*fakeCheckpoint
+	nextCk, nextTree int
 	// lastExec is the last ExecRequest seen, without its streams.
 	lastExec sandbox.ExecRequest
 }
@@ -48,6 +54,9 @@ type Fake struct {
 type fakeSandbox struct {
 	info    sandbox.Info
 	running int // commands running
+	tree    int // the checkpoint tree it lives in
+	// sessions run in it (reset by a restore to the checkpoint's)
+	shell, python bool
 }
 
 var _ daemon.Backend = (*Fake)(nil)
@@ -55,8 +64,9 @@ var _ daemon.Backend = (*Fake)(nil)
 // NewFake returns an empty fake whose sandbox roots live under dir.
 func NewFake(dir string) *Fake {
 	return &Fake{
-		Dir:       dir,
-		sandboxes: map[string]*fakeSandbox{},
+		Dir:         dir,
+		sandboxes:   map[string]*fakeSandbox{},
+		checkpoints: map[string]*fakeCheckpoint{},
 		images: map[string]image.Info{
 			image.HostImage: {Name: image.HostImage, Kind: image.KindHost, Created: time.Unix(1_700_000_000, 0).UTC()},
 		},
@@ -117,7 +127,8 @@ func (f *Fake) CreateSandbox(ctx context.Context, cfg sandbox.Config) (sandbox.I
 		return sandbox.Info{}, err
 	}
 	info := sandbox.Info{ID: id, Config: cfg, State: sandbox.StateRunning, Created: time.Unix(1_700_000_000+int64(f.next), 0).UTC(), InitPid: 1000 + f.next}
-	f.sandboxes[id] = &fakeSandbox{info: info}
+	f.nextTree++
+	f.sandboxes[id] = &fakeSandbox{info: info, tree: f.nextTree}
 	return info, nil
 }
 
@@ -266,7 +277,14 @@ func (f *Fake) Session(ctx context.Context, id string, req sandbox.SessionReques
 		return sandbox.ExecResult{}, err
 	}
 	f.mu.Lock()
-	_, err := f.get(id)
+	sb, err := f.get(id)
+	if err == nil {
+		if req.Kind == sandbox.SessionPython {
+			sb.python = true
+		} else {
+			sb.shell = true
+		}
+	}
 	f.mu.Unlock()
 	if err != nil {
 		return sandbox.ExecResult{}, err

@@ -225,33 +225,59 @@ func littleEndian() bool {
 // Apply installs the default policy on the calling process: see ApplyPolicy.
 func Apply() error { return ApplyPolicy(Default()) }
 
-// ApplyPolicy sets no_new_privs and installs p on every thread of the
-// calling process (TSYNC); children forked afterwards inherit both. It fails
-// if a thread cannot be synchronized (one already has a diverging filter).
-func ApplyPolicy(p Policy) error {
+// Program is a policy compiled to a loadable filter.
+type Program struct {
+	filter []unix.SockFilter
+}
+
+// Compile assembles p once, for loading many times.
+func Compile(p Policy) (*Program, error) {
 	insts, err := p.Assemble()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	raw, err := bpf.Assemble(insts)
 	if err != nil {
-		return fmt.Errorf("seccomp: assemble: %w: %w", err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("seccomp: assemble: %w: %w", err, errdefs.ErrInternal)
 	}
 	filter := make([]unix.SockFilter, len(raw))
 	for i, r := range raw {
 		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
 	}
-	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	return &Program{filter: filter}, nil
+}
 
+// ApplyPolicy sets no_new_privs and installs p on every thread of the
+// calling process (TSYNC); children forked afterwards inherit both. It fails
+// if a thread cannot be synchronized (one already has a diverging filter).
+func ApplyPolicy(p Policy) error {
+	prog, err := Compile(p)
+	if err != nil {
+		return err
+	}
 	// no_new_privs is per thread until TSYNC copies it with the filter:
 	// both calls must come from the same thread.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	return prog.load(unix.SECCOMP_FILTER_FLAG_TSYNC)
+}
+
+// ApplyThread sets no_new_privs and installs the filter on the calling OS
+// thread only; processes that thread forks afterwards inherit both, the
+// rest of the process does not. The caller must have locked the goroutine
+// to its thread (runtime.LockOSThread) and must never unlock it: the thread
+// is then destroyed with the goroutine, so no other goroutine runs filtered.
+// This is how a sandbox's init filters the workload it starts while staying
+// free to change its own mounts.
+func (p *Program) ApplyThread() error { return p.load(0) }
+
+func (p *Program) load(flags uintptr) error {
+	prog := unix.SockFprog{Len: uint16(len(p.filter)), Filter: &p.filter[0]}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("seccomp: set no_new_privs: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog)))
-	runtime.KeepAlive(filter)
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog)))
+	runtime.KeepAlive(p.filter)
 	if errno != 0 {
 		return fmt.Errorf("seccomp: install filter: %w: %w", errno, errdefs.ErrUnavailable)
 	}
