@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -50,19 +49,24 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		s.mu.Unlock()
 	}()
 
-	// 1. Kill every process but the init. Sessions and commands each live
-	//    in a child cgroup; orphans the init adopted stay in theirs.
+	tr := newTrace(ctx)
+	defer tr.done(s.log, "reroot")
+	// 1. Kill every process but the init, race-free: frozen, nothing can
+	//    fork; the kills land at the thaw. They need not be dead before the
+	//    pivot (what they still write goes to the old root, which is
+	//    dropped); their cgroups are removed in the background.
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
-	for _, cg := range children {
-		if err := cg.Delete(ctx); err != nil {
-			return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
-		}
-	}
-	if err := s.killStrays(ctx); err != nil {
+	if err := s.killAllButInit(ctx); err != nil {
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
 	}
+	go func() {
+		for _, cg := range children {
+			_ = cg.Delete(context.Background())
+		}
+	}()
+	tr.step("kill")
 
 	// 2. The new root on the host.
 	if view.Upper != "" {
@@ -79,6 +83,7 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		os.Remove(target)
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
 	}
+	tr.step("overlay")
 	tree, err := cloneMount(target)
 	if err != nil {
 		_ = layer.Unmount(target)
@@ -93,43 +98,39 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		os.Remove(target)
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
 	}
+	tr.step("pivot")
 	s.mu.Lock()
 	old := s.rootfs
 	s.rootfs = target
 	s.mu.Unlock()
-	// File operations that still hold the old root finish on it.
-	if err := unix.Unmount(old, unix.MNT_DETACH); err != nil {
-		s.log.Warn("reroot: detach old root", "err", err)
-	}
-	_ = os.Remove(old)
+	// Detaching the old overlay syncs its upper (tens of ms on a loaded
+	// disk): off the critical path. File operations that still hold it
+	// finish on it. Destroy waits for this.
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		if err := unix.Unmount(old, unix.MNT_DETACH); err != nil {
+			s.log.Warn("reroot: detach old root", "err", err)
+		}
+		_ = os.Remove(old)
+	}()
 	return nil
 }
 
-// killStrays kills the processes of the sandbox's own cgroup other than the
-// init (there are none unless something escaped its child cgroup) and waits
-// until they are gone.
-func (s *Sandbox) killStrays(ctx context.Context) error {
+// killAllButInit sends SIGKILL to every process of the sandbox but its init,
+// with the sandbox frozen so that none can fork in between. The processes
+// die when it is thawed, on return.
+func (s *Sandbox) killAllButInit(ctx context.Context) error {
 	initPid := s.InitPid()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids, err := s.cg.Procs()
-		if err != nil {
-			return err
-		}
-		pids = slices.DeleteFunc(pids, func(p int) bool { return p == initPid })
-		if len(pids) == 0 {
-			return nil
-		}
-		for _, p := range pids {
+	if err := s.cg.Freeze(ctx); err != nil {
+		_ = s.cg.Thaw(context.Background())
+		return err
+	}
+	pids, err := s.cg.Procs()
+	if err == nil {
+		for _, p := range slices.DeleteFunc(pids, func(p int) bool { return p == initPid }) {
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}
-		if time.Now().After(deadline) {
-			return errors.New("processes survive SIGKILL")
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
 	}
+	return errors.Join(err, s.cg.Thaw(context.Background()))
 }

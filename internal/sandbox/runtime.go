@@ -131,7 +131,10 @@ type Sandbox struct {
 	gen       int  // how many times the root was replaced
 	sess      map[SessionKind]*session
 	children  map[string]cgroup.Cgroup // child cgroups of commands and sessions
+	replay    map[SessionKind]string   // session state to replay before the session's next call
 	deadCh    chan struct{}
+
+	bg sync.WaitGroup // background work (old roots being detached) Destroy waits for
 }
 
 // ID returns the sandbox's id.
@@ -194,7 +197,8 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 		id: spec.ID, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: spec.IDs, env: spec.Env,
 		workdir: spec.Workdir, cg: cg, log: r.log.With("sandbox", spec.ID),
 		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
-		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, deadCh: make(chan struct{}),
+		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
+		deadCh: make(chan struct{}),
 	}
 	if err := r.spawnInit(sb, spec); err != nil {
 		return nil, err
@@ -467,6 +471,10 @@ func (s *Sandbox) killInit() {
 	}
 }
 
+// Settle waits for the sandbox's background work (an old root being detached
+// after a restore) to finish.
+func (s *Sandbox) Settle() { s.bg.Wait() }
+
 // Freeze stops every process of the sandbox at once (the cgroup freezer), so
 // that its filesystem and memory can be captured at one instant.
 func (s *Sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
@@ -488,6 +496,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		s.c.Close()
 	}
 	s.killInit()
+	s.bg.Wait()
 	if err := s.cg.Delete(ctx); err != nil {
 		errs = append(errs, err)
 	}

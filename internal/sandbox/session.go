@@ -134,6 +134,10 @@ func (s *Sandbox) Session(ctx context.Context, req SessionRequest) (ExecResult, 
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	if err := s.replayPending(ctx, ss); err != nil {
+		s.dropSession(ss)
+		return ExecResult{}, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)
+	}
 	res, alive, err := ss.call(ctx, s, req)
 	res.Duration = time.Since(began)
 	if !alive {

@@ -17,25 +17,26 @@ import (
 // in a fresh bash: cwd, variables (exported or not, arrays, attributes; the
 // shell's own read-only and dynamic ones skipped), functions, aliases, shopt
 // and set options, traps and umask. It runs inline in the session (not in a
-// function, so declare sees globals) and cleans up its own variables.
+// function, so declare sees globals) and cleans up its own variables. It
+// forks twice (the compgen lists), not once per variable: it is on the
+// checkpoint's path.
 const captureShell = `printf 'cd -- %q 2>/dev/null\n' "$PWD"
 for __dbx_v in $(compgen -v); do
   case $__dbx_v in
     __dbx_*|BASH|BASH_*|BASHOPTS|BASHPID|FUNCNAME|PIPESTATUS|RANDOM|SRANDOM|LINENO|SECONDS|EPOCHREALTIME|EPOCHSECONDS|HISTCMD|GROUPS|DIRSTACK|PPID|UID|EUID|SHELLOPTS|SHLVL|_|PWD|COMP_*|OPTIND|OPTARG) continue;;
   esac
-  __dbx_d=$(declare -p "$__dbx_v" 2>/dev/null) || continue
-  __dbx_a=${__dbx_d#declare -}; __dbx_a=${__dbx_a%% *}
-  case $__dbx_a in *r*) continue;; esac
-  printf '%s\n' "$__dbx_d"
+  case ${!__dbx_v@a} in *r*) continue;; esac
+  declare -p "$__dbx_v" 2>/dev/null
 done
-__dbx_f=$(compgen -A function | grep -v '^__dbx_')
-[ -n "$__dbx_f" ] && declare -f $__dbx_f
+for __dbx_v in $(compgen -A function); do
+  case $__dbx_v in __dbx_*) ;; *) declare -f "$__dbx_v";; esac
+done
 alias -p
 shopt -p
 set +o
 trap -p
 umask -p
-unset __dbx_v __dbx_d __dbx_a __dbx_f
+unset __dbx_v
 `
 
 // ShellState captures the state of the sandbox's shell session as a script
@@ -44,7 +45,12 @@ unset __dbx_v __dbx_d __dbx_a __dbx_f
 func (s *Sandbox) ShellState(ctx context.Context) (script string, ok bool, err error) {
 	s.mu.Lock()
 	_, running := s.sess[SessionShell]
+	pending, replaying := s.replay[SessionShell]
 	s.mu.Unlock()
+	if !running && replaying {
+		// Restored and not used since: its state is the replay script.
+		return pending, true, nil
+	}
 	if !running {
 		return "", false, nil
 	}
@@ -59,13 +65,38 @@ func (s *Sandbox) ShellState(ctx context.Context) (script string, ok bool, err e
 	return out.String(), true, nil
 }
 
-// ReplayShellState starts a fresh shell session with the state a ShellState
-// script describes.
+// ReplayShellState arranges for the shell session to come back with the
+// state a ShellState script describes. The replay is lazy: the session is
+// started, and the script run, just before the session's next call (or the
+// next ShellState), so a restore does not wait for a bash to start.
 func (s *Sandbox) ReplayShellState(ctx context.Context, script string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss, ok := s.sess[SessionShell]; ok {
+		// A running session would keep its own state: replace it.
+		delete(s.sess, SessionShell)
+		go func() { ss.kill(); s.deleteChild(ss.p.cg) }()
+	}
+	s.replay[SessionShell] = script
+	return nil
+}
+
+// replayPending runs a pending replay script in the fresh session ss.
+func (s *Sandbox) replayPending(ctx context.Context, ss *session) error {
+	s.mu.Lock()
+	script, ok := s.replay[ss.kind]
+	delete(s.replay, ss.kind)
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
 	var errb bytes.Buffer
-	_, err := s.Session(ctx, SessionRequest{Kind: SessionShell, Code: script, Stderr: &errb, Timeout: 30 * time.Second})
+	res, alive, err := ss.call(ctx, s, SessionRequest{Kind: ss.kind, Code: script, Stderr: &errb, Timeout: 30 * time.Second})
+	if err == nil && !alive {
+		err = fmt.Errorf("session died (exit %d): %s", res.ExitCode, strings.TrimSpace(errb.String()))
+	}
 	if err != nil {
-		return fmt.Errorf("replay shell state: %w", err)
+		return fmt.Errorf("replay %s state: %w", ss.kind, err)
 	}
 	return nil
 }

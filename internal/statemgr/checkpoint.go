@@ -125,9 +125,13 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 		_ = sb.Thaw(context.Background())
 		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: freeze: %w", id, err)
 	}
+	frozen := time.Now()
 	committed, cerr := m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID})
+	committedAt := time.Now()
 	terr := sb.Thaw(context.Background())
 	ck.PauseMs = msSince(began)
+	m.log.Debug("checkpoint pause", "sandbox", id, "freeze_ms", ms(frozen.Sub(began)),
+		"commit_ms", ms(committedAt.Sub(frozen)), "thaw_ms", ms(time.Since(committedAt)))
 	if cerr != nil || terr != nil {
 		if cerr == nil {
 			_ = m.layers.Remove(context.Background(), committed.ID)
@@ -214,15 +218,18 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	m.mu.Lock()
 	sb := m.live[id]
 	m.mu.Unlock()
+	branched := time.Now()
 	if sb != nil && sb.Alive() {
 		// In place: same init, namespaces and cgroup; a new root.
 		view, err := m.layers.Mounts(ctx, active.ID)
 		if err == nil {
 			err = sb.Reroot(ctx, view)
 		}
+		rerooted := time.Now()
 		if err == nil {
 			err = m.put(r)
 		}
+		m.log.Debug("restore", "sandbox", id, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)), "store_ms", ms(time.Since(rerooted)))
 		if err != nil {
 			_ = m.layers.Remove(context.Background(), active.ID)
 			r.Layer, r.Head = oldLayer, oldHead
@@ -248,15 +255,23 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 		}
 	}
 	res := daemon.RestoreResult{Processes: restoredProcesses(ck)}
+	replayAt := time.Now()
 	if ck.HasShell {
 		if err := sb.ReplayShellState(ctx, ck.Shell); err != nil {
 			res.Processes[0].Path, res.Processes[0].Reason = daemon.PathNone, err.Error()
 		}
 	}
 	res.RestoreMs = msSince(began)
-	if err := m.layers.Remove(ctx, oldLayer); err != nil && !errdefs.IsNotFound(err) {
-		m.log.Warn("restore: old layer kept for GC", "layer", oldLayer, "err", err)
-	}
+	m.log.Debug("restore done", "sandbox", id, "replay_ms", ms(time.Since(replayAt)), "total_ms", res.RestoreMs)
+	// The old layer goes once its overlay is detached, off the critical path.
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		sb.Settle()
+		if err := m.layers.Remove(context.Background(), oldLayer); err != nil && !errdefs.IsNotFound(err) {
+			m.log.Warn("restore: old layer kept for GC", "layer", oldLayer, "err", err)
+		}
+	}()
 	return res, nil
 }
 
@@ -548,6 +563,7 @@ func (m *Manager) gc(ctx context.Context) []string {
 // exists and is active, parents and heads exist, and no layer is unreferenced.
 // Tests run it after every test.
 func (m *Manager) Fsck(ctx context.Context) error {
+	m.bg.Wait()
 	var errs []error
 	recs, err := m.records()
 	if err != nil {
@@ -666,4 +682,6 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+func msSince(t time.Time) float64 { return ms(time.Since(t)) }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

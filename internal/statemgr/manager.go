@@ -82,6 +82,8 @@ type Manager struct {
 	live map[string]*sandbox.Sandbox
 	busy map[string]int         // running calls per sandbox
 	ops  map[string]*sync.Mutex // per-sandbox lock of checkpoint, restore, delete
+
+	bg sync.WaitGroup // background removals of replaced layers
 }
 
 var _ daemon.Backend = (*Manager)(nil)
@@ -176,6 +178,7 @@ func (m *Manager) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	m.bg.Wait()
 	if c, ok := m.images.(io.Closer); ok {
 		errs = append(errs, c.Close())
 	}
@@ -464,6 +467,7 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) erro
 			return fmt.Errorf("delete sandbox %q: %w", id, err)
 		}
 	}
+	m.bg.Wait() // a restore's old layer may still be on its way out
 	if err := m.removeRecord(ctx, r); err != nil {
 		return err
 	}
