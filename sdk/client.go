@@ -18,6 +18,16 @@
 // move files with ReadFile/WriteFile, Upload/Download (tar streams) and
 // CopyIn/CopyOut (local paths), and remove it with Delete.
 //
+// # Checkpoints
+//
+// Sandbox.Checkpoint captures a sandbox's filesystem and processes at one
+// instant (it is frozen meanwhile; Checkpoint.Pause says how long).
+// Checkpoints form a tree: a sandbox's head is the checkpoint it last took or
+// restored, and the next checkpoint's parent is the head. Sandbox.Restore
+// rolls a sandbox back in place (same id, same handle); Client.Fork makes N
+// new sandboxes from a checkpoint; Client.Tree shows the tree, Client.Diff
+// what changed between two checkpoints or sandboxes.
+//
 // # Errors
 //
 // Errors from the daemon keep their class: test them with errors.Is against

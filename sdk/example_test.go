@@ -170,3 +170,109 @@ func ExampleClient_List() {
 	}
 	// Output: running host /work
 }
+
+// A checkpoint captures the files and processes at one instant; it becomes
+// the sandbox's head and the parent of its next checkpoint.
+func ExampleSandbox_Checkpoint() {
+	ctx := context.Background()
+	c, _ := deltabox.New()
+	sb, err := c.Create(ctx, deltabox.CreateOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sb.Delete(ctx, deltabox.DeleteOptions{})
+
+	first, err := sb.Checkpoint(ctx, deltabox.WithCheckpointName("clean"), deltabox.WithCheckpointLabel("step", "0"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteCheckpoint(ctx, first.ID, true)
+	second, err := sb.Checkpoint(ctx, deltabox.WithCheckpointName("after step 1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	info, _ := sb.Refresh(ctx)
+	fmt.Println(first.Name, first.Labels["step"], first.Parent == "")
+	fmt.Println(second.Name, second.Parent == first.ID, info.Head == second.ID)
+	fmt.Println(first.Pause > 0)
+	// Output:
+	// clean 0 true
+	// after step 1 true true
+	// true
+}
+
+// Restore rolls a sandbox back in place: same id, the checkpoint's files and
+// processes. The result says how each process came back.
+func ExampleSandbox_Restore() {
+	ctx := context.Background()
+	c, _ := deltabox.New()
+	sb, err := c.Create(ctx, deltabox.CreateOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sb.Delete(ctx, deltabox.DeleteOptions{})
+
+	sb.Shell(ctx, "cd /work", deltabox.SessionOptions{})
+	sb.WriteFile(ctx, "/work/plan.txt", []byte("v1"), 0o644)
+	ck, err := sb.Checkpoint(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteCheckpoint(ctx, ck.ID, true)
+
+	sb.WriteFile(ctx, "/work/plan.txt", []byte("v2: a bad idea"), 0o644)
+	res, err := sb.Restore(ctx, ck.ID)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, _ := sb.ReadFile(ctx, "/work/plan.txt")
+	fmt.Printf("%s\n", b)
+	for _, p := range res.Processes {
+		fmt.Println(p.Name, p.Path)
+	}
+	// Output:
+	// v1
+	// shell session replay
+}
+
+// Fork makes N sandboxes from one checkpoint, each isolated from the others:
+// one per branch of an agent's search.
+func ExampleClient_Fork() {
+	ctx := context.Background()
+	c, _ := deltabox.New()
+	sb, err := c.Create(ctx, deltabox.CreateOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sb.Delete(ctx, deltabox.DeleteOptions{})
+	sb.WriteFile(ctx, "/work/plan.txt", []byte("shared"), 0o644)
+	ck, err := sb.Checkpoint(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteCheckpoint(ctx, ck.ID, true)
+
+	res, err := c.Fork(ctx, ck.ID, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i, f := range res.Sandboxes {
+		defer f.Delete(ctx, deltabox.DeleteOptions{})
+		f.WriteFile(ctx, "/work/branch.txt", []byte(fmt.Sprint("branch ", i)), 0o644)
+	}
+	for _, f := range res.Sandboxes {
+		plan, _ := f.ReadFile(ctx, "/work/plan.txt")
+		branch, _ := f.ReadFile(ctx, "/work/branch.txt")
+		fmt.Printf("%s, %s\n", plan, branch)
+	}
+	changes, _ := c.Diff(ctx, ck.ID, res.Sandboxes[0].ID())
+	fmt.Println(changes)
+	tree, _ := c.Tree(ctx, ck.ID)
+	fmt.Println(len(tree.Checkpoints), len(tree.Checkpoints[0].Heads))
+	// Output:
+	// shared, branch 0
+	// shared, branch 1
+	// shared, branch 2
+	// [{/work/branch.txt added}]
+	// 1 4
+}

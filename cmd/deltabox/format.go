@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -91,6 +92,15 @@ func humanDuration(d time.Duration) string {
 		return fmt.Sprintf("%dh", int(d.Hours()))
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+// ms is a duration in fractional milliseconds, for JSON.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// humanMs formats a short duration in milliseconds with up to two decimals:
+// 2.1ms, 0.35ms, 1250ms.
+func humanMs(d time.Duration) string {
+	return formatFloat(math.Round(ms(d)*100)/100) + "ms"
 }
 
 // ago formats a past time: "3m ago".

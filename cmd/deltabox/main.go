@@ -109,6 +109,11 @@ func (a *app) rootCmd() *cobra.Command {
 		a.lsCmd(),
 		a.inspectCmd(),
 		a.rmCmd(),
+		a.checkpointCmd(),
+		a.restoreCmd(),
+		a.forkCmd(),
+		a.treeCmd(),
+		a.diffCmd(),
 		a.imageCmd(),
 	)
 	return root

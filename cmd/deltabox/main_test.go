@@ -14,7 +14,20 @@ import (
 	"testing"
 
 	"github.com/deltabox/deltabox/internal/daemon/daemontest"
+	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/testutil"
 )
+
+// TestMain lets the end-to-end tests' daemon re-execute this binary as each
+// sandbox's init, and removes the cgroup parent they used.
+func TestMain(m *testing.M) {
+	if sandbox.IsInit() {
+		sandbox.RunInit()
+	}
+	code := m.Run()
+	testutil.RemoveCgroupParent()
+	os.Exit(code)
+}
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 

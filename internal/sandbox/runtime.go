@@ -120,11 +120,11 @@ type Sandbox struct {
 	c       *conn
 	log     *slog.Logger
 
-	mu      sync.Mutex // guards the fields below
-	nextID  uint64
-	pending map[uint64]chan message // request ID -> answer
-	waiters map[int]chan int        // pid -> wait status
-	early   map[int]int             // exits that arrived before their waiter
+	mu        sync.Mutex // guards the fields below
+	nextID    uint64
+	pending   map[uint64]chan message // request ID -> answer
+	waiters   map[int]chan int        // pid -> wait status
+	early     map[int]int             // exits that arrived before their waiter
 	execs     int
 	dead      bool
 	rerooting bool // a restore is replacing the root: no new processes

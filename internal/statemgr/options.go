@@ -13,7 +13,7 @@ type Options struct {
 	// Layers, when set, is the layer store to use instead of opening one by
 	// Storage (tests give a small one); the manager closes it.
 	Layers layer.Store
-	Logger  *slog.Logger
+	Logger *slog.Logger
 	// CgroupParent is the cgroup directory sandboxes go under (default
 	// "deltabox"; it must start with "deltabox").
 	CgroupParent string

@@ -260,6 +260,120 @@ func (ImageKind) EnumDescriptor() ([]byte, []int) {
 	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{3}
 }
 
+// ProcessPath is how a process's state is kept at a checkpoint, or how it
+// came back at a restore.
+type ProcessPath int32
+
+const (
+	ProcessPath_PROCESS_PATH_UNSPECIFIED ProcessPath = 0
+	// A frozen fork template: memory exact.
+	ProcessPath_PROCESS_PATH_TEMPLATE ProcessPath = 1
+	// A CRIU image.
+	ProcessPath_PROCESS_PATH_CRIU ProcessPath = 2
+	// Session state (cwd, env, shell variables and functions) kept as data
+	// and replayed into a fresh session.
+	ProcessPath_PROCESS_PATH_REPLAY ProcessPath = 3
+	// Not captured: started fresh, or stopped. reason says why.
+	ProcessPath_PROCESS_PATH_NONE ProcessPath = 4
+)
+
+// Enum value maps for ProcessPath.
+var (
+	ProcessPath_name = map[int32]string{
+		0: "PROCESS_PATH_UNSPECIFIED",
+		1: "PROCESS_PATH_TEMPLATE",
+		2: "PROCESS_PATH_CRIU",
+		3: "PROCESS_PATH_REPLAY",
+		4: "PROCESS_PATH_NONE",
+	}
+	ProcessPath_value = map[string]int32{
+		"PROCESS_PATH_UNSPECIFIED": 0,
+		"PROCESS_PATH_TEMPLATE":    1,
+		"PROCESS_PATH_CRIU":        2,
+		"PROCESS_PATH_REPLAY":      3,
+		"PROCESS_PATH_NONE":        4,
+	}
+)
+
+func (x ProcessPath) Enum() *ProcessPath {
+	p := new(ProcessPath)
+	*p = x
+	return p
+}
+
+func (x ProcessPath) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProcessPath) Descriptor() protoreflect.EnumDescriptor {
+	return file_deltabox_v1_deltabox_proto_enumTypes[4].Descriptor()
+}
+
+func (ProcessPath) Type() protoreflect.EnumType {
+	return &file_deltabox_v1_deltabox_proto_enumTypes[4]
+}
+
+func (x ProcessPath) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProcessPath.Descriptor instead.
+func (ProcessPath) EnumDescriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{4}
+}
+
+type ChangeKind int32
+
+const (
+	ChangeKind_CHANGE_KIND_UNSPECIFIED ChangeKind = 0
+	ChangeKind_CHANGE_KIND_ADDED       ChangeKind = 1
+	ChangeKind_CHANGE_KIND_MODIFIED    ChangeKind = 2
+	ChangeKind_CHANGE_KIND_REMOVED     ChangeKind = 3
+)
+
+// Enum value maps for ChangeKind.
+var (
+	ChangeKind_name = map[int32]string{
+		0: "CHANGE_KIND_UNSPECIFIED",
+		1: "CHANGE_KIND_ADDED",
+		2: "CHANGE_KIND_MODIFIED",
+		3: "CHANGE_KIND_REMOVED",
+	}
+	ChangeKind_value = map[string]int32{
+		"CHANGE_KIND_UNSPECIFIED": 0,
+		"CHANGE_KIND_ADDED":       1,
+		"CHANGE_KIND_MODIFIED":    2,
+		"CHANGE_KIND_REMOVED":     3,
+	}
+)
+
+func (x ChangeKind) Enum() *ChangeKind {
+	p := new(ChangeKind)
+	*p = x
+	return p
+}
+
+func (x ChangeKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ChangeKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_deltabox_v1_deltabox_proto_enumTypes[5].Descriptor()
+}
+
+func (ChangeKind) Type() protoreflect.EnumType {
+	return &file_deltabox_v1_deltabox_proto_enumTypes[5]
+}
+
+func (x ChangeKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ChangeKind.Descriptor instead.
+func (ChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{5}
+}
+
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2899,6 +3013,1003 @@ func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
 	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{43}
 }
 
+type ProcessState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is "shell session", "python session", or the command line.
+	Name string      `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Path ProcessPath `protobuf:"varint,2,opt,name=path,proto3,enum=deltabox.v1.ProcessPath" json:"path,omitempty"`
+	// reason says why a process was not captured (path none).
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessState) Reset() {
+	*x = ProcessState{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessState) ProtoMessage() {}
+
+func (x *ProcessState) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessState.ProtoReflect.Descriptor instead.
+func (*ProcessState) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ProcessState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProcessState) GetPath() ProcessPath {
+	if x != nil {
+		return x.Path
+	}
+	return ProcessPath_PROCESS_PATH_UNSPECIFIED
+}
+
+func (x *ProcessState) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type Checkpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// parent is empty for the root of a tree.
+	Parent string `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	// sandbox_id is the sandbox it was taken of.
+	SandboxId string                 `protobuf:"bytes,3,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Name      string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Labels    map[string]string      `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Created   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created,proto3" json:"created,omitempty"`
+	// pause is how long the sandbox was frozen.
+	Pause *durationpb.Duration `protobuf:"bytes,7,opt,name=pause,proto3" json:"pause,omitempty"`
+	// processes says what of each process was captured.
+	Processes []*ProcessState `protobuf:"bytes,8,rep,name=processes,proto3" json:"processes,omitempty"`
+	// heads lists the sandboxes whose head it is.
+	Heads         []string `protobuf:"bytes,9,rep,name=heads,proto3" json:"heads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *Checkpoint) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetPause() *durationpb.Duration {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetProcesses() []*ProcessState {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetHeads() []string {
+	if x != nil {
+		return x.Heads
+	}
+	return nil
+}
+
+type CreateCheckpointRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// name is free-form, at most 128 bytes.
+	Name          string            `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateCheckpointRequest) Reset() {
+	*x = CreateCheckpointRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateCheckpointRequest) ProtoMessage() {}
+
+func (x *CreateCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CreateCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *CreateCheckpointRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CreateCheckpointRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateCheckpointRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type CreateCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateCheckpointResponse) Reset() {
+	*x = CreateCheckpointResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateCheckpointResponse) ProtoMessage() {}
+
+func (x *CreateCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*CreateCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *CreateCheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type RestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	CheckpointId  string                 `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *RestoreRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RestoreRequest) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+type RestoreResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// duration is how long the restore took.
+	Duration *durationpb.Duration `protobuf:"bytes,1,opt,name=duration,proto3" json:"duration,omitempty"`
+	// processes says, per process, which path brought it back.
+	Processes     []*ProcessState `protobuf:"bytes,2,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResponse) Reset() {
+	*x = RestoreResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResponse) ProtoMessage() {}
+
+func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
+func (*RestoreResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *RestoreResponse) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *RestoreResponse) GetProcesses() []*ProcessState {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type ForkRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointId string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	// n is how many sandboxes to make, 1 to 256.
+	N             int32 `protobuf:"varint,2,opt,name=n,proto3" json:"n,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ForkRequest) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetN() int32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxIds    []string               `protobuf:"bytes,1,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"`
+	Duration      *durationpb.Duration   `protobuf:"bytes,2,opt,name=duration,proto3" json:"duration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ForkResponse) GetSandboxIds() []string {
+	if x != nil {
+		return x.SandboxIds
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+type GetTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is a sandbox or checkpoint id; empty means every tree.
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTreeRequest) Reset() {
+	*x = GetTreeRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTreeRequest) ProtoMessage() {}
+
+func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
+func (*GetTreeRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GetTreeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetTreeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// checkpoints lists parents before children.
+	Checkpoints []*Checkpoint `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// sandboxes are the sandboxes that live in the tree.
+	Sandboxes     []*Sandbox `protobuf:"bytes,2,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTreeResponse) Reset() {
+	*x = GetTreeResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTreeResponse) ProtoMessage() {}
+
+func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
+func (*GetTreeResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *GetTreeResponse) GetCheckpoints() []*Checkpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+func (x *GetTreeResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+type GetCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCheckpointRequest) Reset() {
+	*x = GetCheckpointRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCheckpointRequest) ProtoMessage() {}
+
+func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *GetCheckpointRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCheckpointResponse) Reset() {
+	*x = GetCheckpointResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCheckpointResponse) ProtoMessage() {}
+
+func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*GetCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *GetCheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type ListCheckpointsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsRequest) Reset() {
+	*x = ListCheckpointsRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsRequest) ProtoMessage() {}
+
+func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{56}
+}
+
+type ListCheckpointsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsResponse) Reset() {
+	*x = ListCheckpointsResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsResponse) ProtoMessage() {}
+
+func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+type DeleteCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Recursive     bool                   `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointRequest) Reset() {
+	*x = DeleteCheckpointRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointRequest) ProtoMessage() {}
+
+func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *DeleteCheckpointRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeleteCheckpointRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type DeleteCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointResponse) Reset() {
+	*x = DeleteCheckpointResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointResponse) ProtoMessage() {}
+
+func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{59}
+}
+
+type Change struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is absolute inside the sandbox.
+	Path          string     `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Kind          ChangeKind `protobuf:"varint,2,opt,name=kind,proto3,enum=deltabox.v1.ChangeKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Change) Reset() {
+	*x = Change{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Change) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Change) ProtoMessage() {}
+
+func (x *Change) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Change.ProtoReflect.Descriptor instead.
+func (*Change) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *Change) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Change) GetKind() ChangeKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ChangeKind_CHANGE_KIND_UNSPECIFIED
+}
+
+type DiffRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from and to are checkpoint or sandbox ids; a sandbox means its live
+	// filesystem.
+	From          string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To            string `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiffRequest) Reset() {
+	*x = DiffRequest{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiffRequest) ProtoMessage() {}
+
+func (x *DiffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
+func (*DiffRequest) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *DiffRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *DiffRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type DiffResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changes       []*Change              `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiffResponse) Reset() {
+	*x = DiffResponse{}
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiffResponse) ProtoMessage() {}
+
+func (x *DiffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_deltabox_v1_deltabox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiffResponse.ProtoReflect.Descriptor instead.
+func (*DiffResponse) Descriptor() ([]byte, []int) {
+	return file_deltabox_v1_deltabox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *DiffResponse) GetChanges() []*Change {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 var File_deltabox_v1_deltabox_proto protoreflect.FileDescriptor
 
 const file_deltabox_v1_deltabox_proto_rawDesc = "" +
@@ -3079,7 +4190,78 @@ const file_deltabox_v1_deltabox_proto_rawDesc = "" +
 	"\x06images\x18\x01 \x03(\v2\x12.deltabox.v1.ImageR\x06images\"(\n" +
 	"\x12RemoveImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13RemoveImageResponse*\x9a\x01\n" +
+	"\x13RemoveImageResponse\"h\n" +
+	"\fProcessState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
+	"\x04path\x18\x02 \x01(\x0e2\x18.deltabox.v1.ProcessPathR\x04path\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x95\x03\n" +
+	"\n" +
+	"Checkpoint\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\tR\x06parent\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12;\n" +
+	"\x06labels\x18\x05 \x03(\v2#.deltabox.v1.Checkpoint.LabelsEntryR\x06labels\x124\n" +
+	"\acreated\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12/\n" +
+	"\x05pause\x18\a \x01(\v2\x19.google.protobuf.DurationR\x05pause\x127\n" +
+	"\tprocesses\x18\b \x03(\v2\x19.deltabox.v1.ProcessStateR\tprocesses\x12\x14\n" +
+	"\x05heads\x18\t \x03(\tR\x05heads\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x01\n" +
+	"\x17CreateCheckpointRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12H\n" +
+	"\x06labels\x18\x03 \x03(\v20.deltabox.v1.CreateCheckpointRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
+	"\x18CreateCheckpointResponse\x127\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x17.deltabox.v1.CheckpointR\n" +
+	"checkpoint\"T\n" +
+	"\x0eRestoreRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12#\n" +
+	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"\x81\x01\n" +
+	"\x0fRestoreResponse\x125\n" +
+	"\bduration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bduration\x127\n" +
+	"\tprocesses\x18\x02 \x03(\v2\x19.deltabox.v1.ProcessStateR\tprocesses\"@\n" +
+	"\vForkRequest\x12#\n" +
+	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\f\n" +
+	"\x01n\x18\x02 \x01(\x05R\x01n\"f\n" +
+	"\fForkResponse\x12\x1f\n" +
+	"\vsandbox_ids\x18\x01 \x03(\tR\n" +
+	"sandboxIds\x125\n" +
+	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\" \n" +
+	"\x0eGetTreeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x80\x01\n" +
+	"\x0fGetTreeResponse\x129\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x17.deltabox.v1.CheckpointR\vcheckpoints\x122\n" +
+	"\tsandboxes\x18\x02 \x03(\v2\x14.deltabox.v1.SandboxR\tsandboxes\"&\n" +
+	"\x14GetCheckpointRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"P\n" +
+	"\x15GetCheckpointResponse\x127\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x17.deltabox.v1.CheckpointR\n" +
+	"checkpoint\"\x18\n" +
+	"\x16ListCheckpointsRequest\"T\n" +
+	"\x17ListCheckpointsResponse\x129\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x17.deltabox.v1.CheckpointR\vcheckpoints\"G\n" +
+	"\x17DeleteCheckpointRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\"\x1a\n" +
+	"\x18DeleteCheckpointResponse\"I\n" +
+	"\x06Change\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12+\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x17.deltabox.v1.ChangeKindR\x04kind\"1\n" +
+	"\vDiffRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\"=\n" +
+	"\fDiffResponse\x12-\n" +
+	"\achanges\x18\x01 \x03(\v2\x13.deltabox.v1.ChangeR\achanges*\x9a\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -3103,7 +4285,19 @@ const file_deltabox_v1_deltabox_proto_rawDesc = "" +
 	"\x16IMAGE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fIMAGE_KIND_HOST\x10\x01\x12\x15\n" +
 	"\x11IMAGE_KIND_ROOTFS\x10\x02\x12\x12\n" +
-	"\x0eIMAGE_KIND_OCI\x10\x032\xd0\v\n" +
+	"\x0eIMAGE_KIND_OCI\x10\x03*\x8d\x01\n" +
+	"\vProcessPath\x12\x1c\n" +
+	"\x18PROCESS_PATH_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15PROCESS_PATH_TEMPLATE\x10\x01\x12\x15\n" +
+	"\x11PROCESS_PATH_CRIU\x10\x02\x12\x17\n" +
+	"\x13PROCESS_PATH_REPLAY\x10\x03\x12\x15\n" +
+	"\x11PROCESS_PATH_NONE\x10\x04*s\n" +
+	"\n" +
+	"ChangeKind\x12\x1b\n" +
+	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11CHANGE_KIND_ADDED\x10\x01\x12\x18\n" +
+	"\x14CHANGE_KIND_MODIFIED\x10\x02\x12\x17\n" +
+	"\x13CHANGE_KIND_REMOVED\x10\x032\xde\x10\n" +
 	"\x0fDeltaBoxService\x12=\n" +
 	"\x04Info\x12\x18.deltabox.v1.InfoRequest\x1a\x19.deltabox.v1.InfoResponse\"\x00\x12X\n" +
 	"\rCreateSandbox\x12!.deltabox.v1.CreateSandboxRequest\x1a\".deltabox.v1.CreateSandboxResponse\"\x00\x12O\n" +
@@ -3126,7 +4320,15 @@ const file_deltabox_v1_deltabox_proto_rawDesc = "" +
 	"\vImportImage\x12\x1f.deltabox.v1.ImportImageRequest\x1a .deltabox.v1.ImportImageResponse\"\x00(\x01\x12O\n" +
 	"\n" +
 	"ListImages\x12\x1e.deltabox.v1.ListImagesRequest\x1a\x1f.deltabox.v1.ListImagesResponse\"\x00\x12R\n" +
-	"\vRemoveImage\x12\x1f.deltabox.v1.RemoveImageRequest\x1a .deltabox.v1.RemoveImageResponse\"\x00B9Z7github.com/deltabox/deltabox/api/deltabox/v1;deltaboxv1b\x06proto3"
+	"\vRemoveImage\x12\x1f.deltabox.v1.RemoveImageRequest\x1a .deltabox.v1.RemoveImageResponse\"\x00\x12a\n" +
+	"\x10CreateCheckpoint\x12$.deltabox.v1.CreateCheckpointRequest\x1a%.deltabox.v1.CreateCheckpointResponse\"\x00\x12F\n" +
+	"\aRestore\x12\x1b.deltabox.v1.RestoreRequest\x1a\x1c.deltabox.v1.RestoreResponse\"\x00\x12=\n" +
+	"\x04Fork\x12\x18.deltabox.v1.ForkRequest\x1a\x19.deltabox.v1.ForkResponse\"\x00\x12F\n" +
+	"\aGetTree\x12\x1b.deltabox.v1.GetTreeRequest\x1a\x1c.deltabox.v1.GetTreeResponse\"\x00\x12X\n" +
+	"\rGetCheckpoint\x12!.deltabox.v1.GetCheckpointRequest\x1a\".deltabox.v1.GetCheckpointResponse\"\x00\x12^\n" +
+	"\x0fListCheckpoints\x12#.deltabox.v1.ListCheckpointsRequest\x1a$.deltabox.v1.ListCheckpointsResponse\"\x00\x12a\n" +
+	"\x10DeleteCheckpoint\x12$.deltabox.v1.DeleteCheckpointRequest\x1a%.deltabox.v1.DeleteCheckpointResponse\"\x00\x12=\n" +
+	"\x04Diff\x12\x18.deltabox.v1.DiffRequest\x1a\x19.deltabox.v1.DiffResponse\"\x00B9Z7github.com/deltabox/deltabox/api/deltabox/v1;deltaboxv1b\x06proto3"
 
 var (
 	file_deltabox_v1_deltabox_proto_rawDescOnce sync.Once
@@ -3140,132 +4342,187 @@ func file_deltabox_v1_deltabox_proto_rawDescGZIP() []byte {
 	return file_deltabox_v1_deltabox_proto_rawDescData
 }
 
-var file_deltabox_v1_deltabox_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_deltabox_v1_deltabox_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_deltabox_v1_deltabox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_deltabox_v1_deltabox_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_deltabox_v1_deltabox_proto_goTypes = []any{
-	(SandboxState)(0),              // 0: deltabox.v1.SandboxState
-	(SessionKind)(0),               // 1: deltabox.v1.SessionKind
-	(FileType)(0),                  // 2: deltabox.v1.FileType
-	(ImageKind)(0),                 // 3: deltabox.v1.ImageKind
-	(*InfoRequest)(nil),            // 4: deltabox.v1.InfoRequest
-	(*InfoResponse)(nil),           // 5: deltabox.v1.InfoResponse
-	(*Limits)(nil),                 // 6: deltabox.v1.Limits
-	(*Sandbox)(nil),                // 7: deltabox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),   // 8: deltabox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),  // 9: deltabox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),      // 10: deltabox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),     // 11: deltabox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 12: deltabox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 13: deltabox.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),   // 14: deltabox.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),  // 15: deltabox.v1.DeleteSandboxResponse
-	(*ExecRequest)(nil),            // 16: deltabox.v1.ExecRequest
-	(*ExecInteractiveRequest)(nil), // 17: deltabox.v1.ExecInteractiveRequest
-	(*ExecResponse)(nil),           // 18: deltabox.v1.ExecResponse
-	(*ExecExit)(nil),               // 19: deltabox.v1.ExecExit
-	(*RunSessionRequest)(nil),      // 20: deltabox.v1.RunSessionRequest
-	(*FileInfo)(nil),               // 21: deltabox.v1.FileInfo
-	(*ReadFileRequest)(nil),        // 22: deltabox.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),       // 23: deltabox.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),        // 24: deltabox.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),       // 25: deltabox.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),      // 26: deltabox.v1.WriteFileResponse
-	(*StatRequest)(nil),            // 27: deltabox.v1.StatRequest
-	(*StatResponse)(nil),           // 28: deltabox.v1.StatResponse
-	(*ListDirRequest)(nil),         // 29: deltabox.v1.ListDirRequest
-	(*ListDirResponse)(nil),        // 30: deltabox.v1.ListDirResponse
-	(*MkdirRequest)(nil),           // 31: deltabox.v1.MkdirRequest
-	(*MkdirResponse)(nil),          // 32: deltabox.v1.MkdirResponse
-	(*RemoveRequest)(nil),          // 33: deltabox.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 34: deltabox.v1.RemoveResponse
-	(*UploadHeader)(nil),           // 35: deltabox.v1.UploadHeader
-	(*UploadRequest)(nil),          // 36: deltabox.v1.UploadRequest
-	(*UploadResponse)(nil),         // 37: deltabox.v1.UploadResponse
-	(*DownloadRequest)(nil),        // 38: deltabox.v1.DownloadRequest
-	(*DownloadResponse)(nil),       // 39: deltabox.v1.DownloadResponse
-	(*Image)(nil),                  // 40: deltabox.v1.Image
-	(*ImportImageHeader)(nil),      // 41: deltabox.v1.ImportImageHeader
-	(*ImportImageRequest)(nil),     // 42: deltabox.v1.ImportImageRequest
-	(*ImportImageResponse)(nil),    // 43: deltabox.v1.ImportImageResponse
-	(*ListImagesRequest)(nil),      // 44: deltabox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),     // 45: deltabox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),     // 46: deltabox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),    // 47: deltabox.v1.RemoveImageResponse
-	nil,                            // 48: deltabox.v1.Sandbox.LabelsEntry
-	nil,                            // 49: deltabox.v1.CreateSandboxRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 50: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 51: google.protobuf.Duration
+	(SandboxState)(0),                // 0: deltabox.v1.SandboxState
+	(SessionKind)(0),                 // 1: deltabox.v1.SessionKind
+	(FileType)(0),                    // 2: deltabox.v1.FileType
+	(ImageKind)(0),                   // 3: deltabox.v1.ImageKind
+	(ProcessPath)(0),                 // 4: deltabox.v1.ProcessPath
+	(ChangeKind)(0),                  // 5: deltabox.v1.ChangeKind
+	(*InfoRequest)(nil),              // 6: deltabox.v1.InfoRequest
+	(*InfoResponse)(nil),             // 7: deltabox.v1.InfoResponse
+	(*Limits)(nil),                   // 8: deltabox.v1.Limits
+	(*Sandbox)(nil),                  // 9: deltabox.v1.Sandbox
+	(*CreateSandboxRequest)(nil),     // 10: deltabox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),    // 11: deltabox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),        // 12: deltabox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),       // 13: deltabox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),     // 14: deltabox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),    // 15: deltabox.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),     // 16: deltabox.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),    // 17: deltabox.v1.DeleteSandboxResponse
+	(*ExecRequest)(nil),              // 18: deltabox.v1.ExecRequest
+	(*ExecInteractiveRequest)(nil),   // 19: deltabox.v1.ExecInteractiveRequest
+	(*ExecResponse)(nil),             // 20: deltabox.v1.ExecResponse
+	(*ExecExit)(nil),                 // 21: deltabox.v1.ExecExit
+	(*RunSessionRequest)(nil),        // 22: deltabox.v1.RunSessionRequest
+	(*FileInfo)(nil),                 // 23: deltabox.v1.FileInfo
+	(*ReadFileRequest)(nil),          // 24: deltabox.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 25: deltabox.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),          // 26: deltabox.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),         // 27: deltabox.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 28: deltabox.v1.WriteFileResponse
+	(*StatRequest)(nil),              // 29: deltabox.v1.StatRequest
+	(*StatResponse)(nil),             // 30: deltabox.v1.StatResponse
+	(*ListDirRequest)(nil),           // 31: deltabox.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 32: deltabox.v1.ListDirResponse
+	(*MkdirRequest)(nil),             // 33: deltabox.v1.MkdirRequest
+	(*MkdirResponse)(nil),            // 34: deltabox.v1.MkdirResponse
+	(*RemoveRequest)(nil),            // 35: deltabox.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 36: deltabox.v1.RemoveResponse
+	(*UploadHeader)(nil),             // 37: deltabox.v1.UploadHeader
+	(*UploadRequest)(nil),            // 38: deltabox.v1.UploadRequest
+	(*UploadResponse)(nil),           // 39: deltabox.v1.UploadResponse
+	(*DownloadRequest)(nil),          // 40: deltabox.v1.DownloadRequest
+	(*DownloadResponse)(nil),         // 41: deltabox.v1.DownloadResponse
+	(*Image)(nil),                    // 42: deltabox.v1.Image
+	(*ImportImageHeader)(nil),        // 43: deltabox.v1.ImportImageHeader
+	(*ImportImageRequest)(nil),       // 44: deltabox.v1.ImportImageRequest
+	(*ImportImageResponse)(nil),      // 45: deltabox.v1.ImportImageResponse
+	(*ListImagesRequest)(nil),        // 46: deltabox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),       // 47: deltabox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),       // 48: deltabox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),      // 49: deltabox.v1.RemoveImageResponse
+	(*ProcessState)(nil),             // 50: deltabox.v1.ProcessState
+	(*Checkpoint)(nil),               // 51: deltabox.v1.Checkpoint
+	(*CreateCheckpointRequest)(nil),  // 52: deltabox.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil), // 53: deltabox.v1.CreateCheckpointResponse
+	(*RestoreRequest)(nil),           // 54: deltabox.v1.RestoreRequest
+	(*RestoreResponse)(nil),          // 55: deltabox.v1.RestoreResponse
+	(*ForkRequest)(nil),              // 56: deltabox.v1.ForkRequest
+	(*ForkResponse)(nil),             // 57: deltabox.v1.ForkResponse
+	(*GetTreeRequest)(nil),           // 58: deltabox.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),          // 59: deltabox.v1.GetTreeResponse
+	(*GetCheckpointRequest)(nil),     // 60: deltabox.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),    // 61: deltabox.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 62: deltabox.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 63: deltabox.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),  // 64: deltabox.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 65: deltabox.v1.DeleteCheckpointResponse
+	(*Change)(nil),                   // 66: deltabox.v1.Change
+	(*DiffRequest)(nil),              // 67: deltabox.v1.DiffRequest
+	(*DiffResponse)(nil),             // 68: deltabox.v1.DiffResponse
+	nil,                              // 69: deltabox.v1.Sandbox.LabelsEntry
+	nil,                              // 70: deltabox.v1.CreateSandboxRequest.LabelsEntry
+	nil,                              // 71: deltabox.v1.Checkpoint.LabelsEntry
+	nil,                              // 72: deltabox.v1.CreateCheckpointRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),    // 73: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 74: google.protobuf.Duration
 }
 var file_deltabox_v1_deltabox_proto_depIdxs = []int32{
-	48, // 0: deltabox.v1.Sandbox.labels:type_name -> deltabox.v1.Sandbox.LabelsEntry
-	6,  // 1: deltabox.v1.Sandbox.limits:type_name -> deltabox.v1.Limits
+	69, // 0: deltabox.v1.Sandbox.labels:type_name -> deltabox.v1.Sandbox.LabelsEntry
+	8,  // 1: deltabox.v1.Sandbox.limits:type_name -> deltabox.v1.Limits
 	0,  // 2: deltabox.v1.Sandbox.state:type_name -> deltabox.v1.SandboxState
-	50, // 3: deltabox.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
-	49, // 4: deltabox.v1.CreateSandboxRequest.labels:type_name -> deltabox.v1.CreateSandboxRequest.LabelsEntry
-	6,  // 5: deltabox.v1.CreateSandboxRequest.limits:type_name -> deltabox.v1.Limits
-	7,  // 6: deltabox.v1.CreateSandboxResponse.sandbox:type_name -> deltabox.v1.Sandbox
-	7,  // 7: deltabox.v1.GetSandboxResponse.sandbox:type_name -> deltabox.v1.Sandbox
-	7,  // 8: deltabox.v1.ListSandboxesResponse.sandboxes:type_name -> deltabox.v1.Sandbox
-	51, // 9: deltabox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	16, // 10: deltabox.v1.ExecInteractiveRequest.start:type_name -> deltabox.v1.ExecRequest
-	19, // 11: deltabox.v1.ExecResponse.exit:type_name -> deltabox.v1.ExecExit
-	51, // 12: deltabox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
+	73, // 3: deltabox.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
+	70, // 4: deltabox.v1.CreateSandboxRequest.labels:type_name -> deltabox.v1.CreateSandboxRequest.LabelsEntry
+	8,  // 5: deltabox.v1.CreateSandboxRequest.limits:type_name -> deltabox.v1.Limits
+	9,  // 6: deltabox.v1.CreateSandboxResponse.sandbox:type_name -> deltabox.v1.Sandbox
+	9,  // 7: deltabox.v1.GetSandboxResponse.sandbox:type_name -> deltabox.v1.Sandbox
+	9,  // 8: deltabox.v1.ListSandboxesResponse.sandboxes:type_name -> deltabox.v1.Sandbox
+	74, // 9: deltabox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	18, // 10: deltabox.v1.ExecInteractiveRequest.start:type_name -> deltabox.v1.ExecRequest
+	21, // 11: deltabox.v1.ExecResponse.exit:type_name -> deltabox.v1.ExecExit
+	74, // 12: deltabox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
 	1,  // 13: deltabox.v1.RunSessionRequest.kind:type_name -> deltabox.v1.SessionKind
-	51, // 14: deltabox.v1.RunSessionRequest.timeout:type_name -> google.protobuf.Duration
+	74, // 14: deltabox.v1.RunSessionRequest.timeout:type_name -> google.protobuf.Duration
 	2,  // 15: deltabox.v1.FileInfo.type:type_name -> deltabox.v1.FileType
-	50, // 16: deltabox.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
-	24, // 17: deltabox.v1.WriteFileRequest.header:type_name -> deltabox.v1.WriteFileHeader
-	21, // 18: deltabox.v1.StatResponse.info:type_name -> deltabox.v1.FileInfo
-	21, // 19: deltabox.v1.ListDirResponse.entries:type_name -> deltabox.v1.FileInfo
-	35, // 20: deltabox.v1.UploadRequest.header:type_name -> deltabox.v1.UploadHeader
+	73, // 16: deltabox.v1.FileInfo.mod_time:type_name -> google.protobuf.Timestamp
+	26, // 17: deltabox.v1.WriteFileRequest.header:type_name -> deltabox.v1.WriteFileHeader
+	23, // 18: deltabox.v1.StatResponse.info:type_name -> deltabox.v1.FileInfo
+	23, // 19: deltabox.v1.ListDirResponse.entries:type_name -> deltabox.v1.FileInfo
+	37, // 20: deltabox.v1.UploadRequest.header:type_name -> deltabox.v1.UploadHeader
 	3,  // 21: deltabox.v1.Image.kind:type_name -> deltabox.v1.ImageKind
-	50, // 22: deltabox.v1.Image.created:type_name -> google.protobuf.Timestamp
-	41, // 23: deltabox.v1.ImportImageRequest.header:type_name -> deltabox.v1.ImportImageHeader
-	40, // 24: deltabox.v1.ImportImageResponse.image:type_name -> deltabox.v1.Image
-	40, // 25: deltabox.v1.ListImagesResponse.images:type_name -> deltabox.v1.Image
-	4,  // 26: deltabox.v1.DeltaBoxService.Info:input_type -> deltabox.v1.InfoRequest
-	8,  // 27: deltabox.v1.DeltaBoxService.CreateSandbox:input_type -> deltabox.v1.CreateSandboxRequest
-	10, // 28: deltabox.v1.DeltaBoxService.GetSandbox:input_type -> deltabox.v1.GetSandboxRequest
-	12, // 29: deltabox.v1.DeltaBoxService.ListSandboxes:input_type -> deltabox.v1.ListSandboxesRequest
-	14, // 30: deltabox.v1.DeltaBoxService.DeleteSandbox:input_type -> deltabox.v1.DeleteSandboxRequest
-	16, // 31: deltabox.v1.DeltaBoxService.Exec:input_type -> deltabox.v1.ExecRequest
-	17, // 32: deltabox.v1.DeltaBoxService.ExecInteractive:input_type -> deltabox.v1.ExecInteractiveRequest
-	20, // 33: deltabox.v1.DeltaBoxService.RunSession:input_type -> deltabox.v1.RunSessionRequest
-	22, // 34: deltabox.v1.DeltaBoxService.ReadFile:input_type -> deltabox.v1.ReadFileRequest
-	25, // 35: deltabox.v1.DeltaBoxService.WriteFile:input_type -> deltabox.v1.WriteFileRequest
-	27, // 36: deltabox.v1.DeltaBoxService.Stat:input_type -> deltabox.v1.StatRequest
-	29, // 37: deltabox.v1.DeltaBoxService.ListDir:input_type -> deltabox.v1.ListDirRequest
-	31, // 38: deltabox.v1.DeltaBoxService.Mkdir:input_type -> deltabox.v1.MkdirRequest
-	33, // 39: deltabox.v1.DeltaBoxService.Remove:input_type -> deltabox.v1.RemoveRequest
-	36, // 40: deltabox.v1.DeltaBoxService.Upload:input_type -> deltabox.v1.UploadRequest
-	38, // 41: deltabox.v1.DeltaBoxService.Download:input_type -> deltabox.v1.DownloadRequest
-	42, // 42: deltabox.v1.DeltaBoxService.ImportImage:input_type -> deltabox.v1.ImportImageRequest
-	44, // 43: deltabox.v1.DeltaBoxService.ListImages:input_type -> deltabox.v1.ListImagesRequest
-	46, // 44: deltabox.v1.DeltaBoxService.RemoveImage:input_type -> deltabox.v1.RemoveImageRequest
-	5,  // 45: deltabox.v1.DeltaBoxService.Info:output_type -> deltabox.v1.InfoResponse
-	9,  // 46: deltabox.v1.DeltaBoxService.CreateSandbox:output_type -> deltabox.v1.CreateSandboxResponse
-	11, // 47: deltabox.v1.DeltaBoxService.GetSandbox:output_type -> deltabox.v1.GetSandboxResponse
-	13, // 48: deltabox.v1.DeltaBoxService.ListSandboxes:output_type -> deltabox.v1.ListSandboxesResponse
-	15, // 49: deltabox.v1.DeltaBoxService.DeleteSandbox:output_type -> deltabox.v1.DeleteSandboxResponse
-	18, // 50: deltabox.v1.DeltaBoxService.Exec:output_type -> deltabox.v1.ExecResponse
-	18, // 51: deltabox.v1.DeltaBoxService.ExecInteractive:output_type -> deltabox.v1.ExecResponse
-	18, // 52: deltabox.v1.DeltaBoxService.RunSession:output_type -> deltabox.v1.ExecResponse
-	23, // 53: deltabox.v1.DeltaBoxService.ReadFile:output_type -> deltabox.v1.ReadFileResponse
-	26, // 54: deltabox.v1.DeltaBoxService.WriteFile:output_type -> deltabox.v1.WriteFileResponse
-	28, // 55: deltabox.v1.DeltaBoxService.Stat:output_type -> deltabox.v1.StatResponse
-	30, // 56: deltabox.v1.DeltaBoxService.ListDir:output_type -> deltabox.v1.ListDirResponse
-	32, // 57: deltabox.v1.DeltaBoxService.Mkdir:output_type -> deltabox.v1.MkdirResponse
-	34, // 58: deltabox.v1.DeltaBoxService.Remove:output_type -> deltabox.v1.RemoveResponse
-	37, // 59: deltabox.v1.DeltaBoxService.Upload:output_type -> deltabox.v1.UploadResponse
-	39, // 60: deltabox.v1.DeltaBoxService.Download:output_type -> deltabox.v1.DownloadResponse
-	43, // 61: deltabox.v1.DeltaBoxService.ImportImage:output_type -> deltabox.v1.ImportImageResponse
-	45, // 62: deltabox.v1.DeltaBoxService.ListImages:output_type -> deltabox.v1.ListImagesResponse
-	47, // 63: deltabox.v1.DeltaBoxService.RemoveImage:output_type -> deltabox.v1.RemoveImageResponse
-	45, // [45:64] is the sub-list for method output_type
-	26, // [26:45] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	73, // 22: deltabox.v1.Image.created:type_name -> google.protobuf.Timestamp
+	43, // 23: deltabox.v1.ImportImageRequest.header:type_name -> deltabox.v1.ImportImageHeader
+	42, // 24: deltabox.v1.ImportImageResponse.image:type_name -> deltabox.v1.Image
+	42, // 25: deltabox.v1.ListImagesResponse.images:type_name -> deltabox.v1.Image
+	4,  // 26: deltabox.v1.ProcessState.path:type_name -> deltabox.v1.ProcessPath
+	71, // 27: deltabox.v1.Checkpoint.labels:type_name -> deltabox.v1.Checkpoint.LabelsEntry
+	73, // 28: deltabox.v1.Checkpoint.created:type_name -> google.protobuf.Timestamp
+	74, // 29: deltabox.v1.Checkpoint.pause:type_name -> google.protobuf.Duration
+	50, // 30: deltabox.v1.Checkpoint.processes:type_name -> deltabox.v1.ProcessState
+	72, // 31: deltabox.v1.CreateCheckpointRequest.labels:type_name -> deltabox.v1.CreateCheckpointRequest.LabelsEntry
+	51, // 32: deltabox.v1.CreateCheckpointResponse.checkpoint:type_name -> deltabox.v1.Checkpoint
+	74, // 33: deltabox.v1.RestoreResponse.duration:type_name -> google.protobuf.Duration
+	50, // 34: deltabox.v1.RestoreResponse.processes:type_name -> deltabox.v1.ProcessState
+	74, // 35: deltabox.v1.ForkResponse.duration:type_name -> google.protobuf.Duration
+	51, // 36: deltabox.v1.GetTreeResponse.checkpoints:type_name -> deltabox.v1.Checkpoint
+	9,  // 37: deltabox.v1.GetTreeResponse.sandboxes:type_name -> deltabox.v1.Sandbox
+	51, // 38: deltabox.v1.GetCheckpointResponse.checkpoint:type_name -> deltabox.v1.Checkpoint
+	51, // 39: deltabox.v1.ListCheckpointsResponse.checkpoints:type_name -> deltabox.v1.Checkpoint
+	5,  // 40: deltabox.v1.Change.kind:type_name -> deltabox.v1.ChangeKind
+	66, // 41: deltabox.v1.DiffResponse.changes:type_name -> deltabox.v1.Change
+	6,  // 42: deltabox.v1.DeltaBoxService.Info:input_type -> deltabox.v1.InfoRequest
+	10, // 43: deltabox.v1.DeltaBoxService.CreateSandbox:input_type -> deltabox.v1.CreateSandboxRequest
+	12, // 44: deltabox.v1.DeltaBoxService.GetSandbox:input_type -> deltabox.v1.GetSandboxRequest
+	14, // 45: deltabox.v1.DeltaBoxService.ListSandboxes:input_type -> deltabox.v1.ListSandboxesRequest
+	16, // 46: deltabox.v1.DeltaBoxService.DeleteSandbox:input_type -> deltabox.v1.DeleteSandboxRequest
+	18, // 47: deltabox.v1.DeltaBoxService.Exec:input_type -> deltabox.v1.ExecRequest
+	19, // 48: deltabox.v1.DeltaBoxService.ExecInteractive:input_type -> deltabox.v1.ExecInteractiveRequest
+	22, // 49: deltabox.v1.DeltaBoxService.RunSession:input_type -> deltabox.v1.RunSessionRequest
+	24, // 50: deltabox.v1.DeltaBoxService.ReadFile:input_type -> deltabox.v1.ReadFileRequest
+	27, // 51: deltabox.v1.DeltaBoxService.WriteFile:input_type -> deltabox.v1.WriteFileRequest
+	29, // 52: deltabox.v1.DeltaBoxService.Stat:input_type -> deltabox.v1.StatRequest
+	31, // 53: deltabox.v1.DeltaBoxService.ListDir:input_type -> deltabox.v1.ListDirRequest
+	33, // 54: deltabox.v1.DeltaBoxService.Mkdir:input_type -> deltabox.v1.MkdirRequest
+	35, // 55: deltabox.v1.DeltaBoxService.Remove:input_type -> deltabox.v1.RemoveRequest
+	38, // 56: deltabox.v1.DeltaBoxService.Upload:input_type -> deltabox.v1.UploadRequest
+	40, // 57: deltabox.v1.DeltaBoxService.Download:input_type -> deltabox.v1.DownloadRequest
+	44, // 58: deltabox.v1.DeltaBoxService.ImportImage:input_type -> deltabox.v1.ImportImageRequest
+	46, // 59: deltabox.v1.DeltaBoxService.ListImages:input_type -> deltabox.v1.ListImagesRequest
+	48, // 60: deltabox.v1.DeltaBoxService.RemoveImage:input_type -> deltabox.v1.RemoveImageRequest
+	52, // 61: deltabox.v1.DeltaBoxService.CreateCheckpoint:input_type -> deltabox.v1.CreateCheckpointRequest
+	54, // 62: deltabox.v1.DeltaBoxService.Restore:input_type -> deltabox.v1.RestoreRequest
+	56, // 63: deltabox.v1.DeltaBoxService.Fork:input_type -> deltabox.v1.ForkRequest
+	58, // 64: deltabox.v1.DeltaBoxService.GetTree:input_type -> deltabox.v1.GetTreeRequest
+	60, // 65: deltabox.v1.DeltaBoxService.GetCheckpoint:input_type -> deltabox.v1.GetCheckpointRequest
+	62, // 66: deltabox.v1.DeltaBoxService.ListCheckpoints:input_type -> deltabox.v1.ListCheckpointsRequest
+	64, // 67: deltabox.v1.DeltaBoxService.DeleteCheckpoint:input_type -> deltabox.v1.DeleteCheckpointRequest
+	67, // 68: deltabox.v1.DeltaBoxService.Diff:input_type -> deltabox.v1.DiffRequest
+	7,  // 69: deltabox.v1.DeltaBoxService.Info:output_type -> deltabox.v1.InfoResponse
+	11, // 70: deltabox.v1.DeltaBoxService.CreateSandbox:output_type -> deltabox.v1.CreateSandboxResponse
+	13, // 71: deltabox.v1.DeltaBoxService.GetSandbox:output_type -> deltabox.v1.GetSandboxResponse
+	15, // 72: deltabox.v1.DeltaBoxService.ListSandboxes:output_type -> deltabox.v1.ListSandboxesResponse
+	17, // 73: deltabox.v1.DeltaBoxService.DeleteSandbox:output_type -> deltabox.v1.DeleteSandboxResponse
+	20, // 74: deltabox.v1.DeltaBoxService.Exec:output_type -> deltabox.v1.ExecResponse
+	20, // 75: deltabox.v1.DeltaBoxService.ExecInteractive:output_type -> deltabox.v1.ExecResponse
+	20, // 76: deltabox.v1.DeltaBoxService.RunSession:output_type -> deltabox.v1.ExecResponse
+	25, // 77: deltabox.v1.DeltaBoxService.ReadFile:output_type -> deltabox.v1.ReadFileResponse
+	28, // 78: deltabox.v1.DeltaBoxService.WriteFile:output_type -> deltabox.v1.WriteFileResponse
+	30, // 79: deltabox.v1.DeltaBoxService.Stat:output_type -> deltabox.v1.StatResponse
+	32, // 80: deltabox.v1.DeltaBoxService.ListDir:output_type -> deltabox.v1.ListDirResponse
+	34, // 81: deltabox.v1.DeltaBoxService.Mkdir:output_type -> deltabox.v1.MkdirResponse
+	36, // 82: deltabox.v1.DeltaBoxService.Remove:output_type -> deltabox.v1.RemoveResponse
+	39, // 83: deltabox.v1.DeltaBoxService.Upload:output_type -> deltabox.v1.UploadResponse
+	41, // 84: deltabox.v1.DeltaBoxService.Download:output_type -> deltabox.v1.DownloadResponse
+	45, // 85: deltabox.v1.DeltaBoxService.ImportImage:output_type -> deltabox.v1.ImportImageResponse
+	47, // 86: deltabox.v1.DeltaBoxService.ListImages:output_type -> deltabox.v1.ListImagesResponse
+	49, // 87: deltabox.v1.DeltaBoxService.RemoveImage:output_type -> deltabox.v1.RemoveImageResponse
+	53, // 88: deltabox.v1.DeltaBoxService.CreateCheckpoint:output_type -> deltabox.v1.CreateCheckpointResponse
+	55, // 89: deltabox.v1.DeltaBoxService.Restore:output_type -> deltabox.v1.RestoreResponse
+	57, // 90: deltabox.v1.DeltaBoxService.Fork:output_type -> deltabox.v1.ForkResponse
+	59, // 91: deltabox.v1.DeltaBoxService.GetTree:output_type -> deltabox.v1.GetTreeResponse
+	61, // 92: deltabox.v1.DeltaBoxService.GetCheckpoint:output_type -> deltabox.v1.GetCheckpointResponse
+	63, // 93: deltabox.v1.DeltaBoxService.ListCheckpoints:output_type -> deltabox.v1.ListCheckpointsResponse
+	65, // 94: deltabox.v1.DeltaBoxService.DeleteCheckpoint:output_type -> deltabox.v1.DeleteCheckpointResponse
+	68, // 95: deltabox.v1.DeltaBoxService.Diff:output_type -> deltabox.v1.DiffResponse
+	69, // [69:96] is the sub-list for method output_type
+	42, // [42:69] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_deltabox_v1_deltabox_proto_init() }
@@ -3300,8 +4557,8 @@ func file_deltabox_v1_deltabox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_deltabox_v1_deltabox_proto_rawDesc), len(file_deltabox_v1_deltabox_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   46,
+			NumEnums:      6,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

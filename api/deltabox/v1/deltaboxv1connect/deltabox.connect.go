@@ -100,6 +100,26 @@ const (
 	// DeltaBoxServiceRemoveImageProcedure is the fully-qualified name of the DeltaBoxService's
 	// RemoveImage RPC.
 	DeltaBoxServiceRemoveImageProcedure = "/deltabox.v1.DeltaBoxService/RemoveImage"
+	// DeltaBoxServiceCreateCheckpointProcedure is the fully-qualified name of the DeltaBoxService's
+	// CreateCheckpoint RPC.
+	DeltaBoxServiceCreateCheckpointProcedure = "/deltabox.v1.DeltaBoxService/CreateCheckpoint"
+	// DeltaBoxServiceRestoreProcedure is the fully-qualified name of the DeltaBoxService's Restore RPC.
+	DeltaBoxServiceRestoreProcedure = "/deltabox.v1.DeltaBoxService/Restore"
+	// DeltaBoxServiceForkProcedure is the fully-qualified name of the DeltaBoxService's Fork RPC.
+	DeltaBoxServiceForkProcedure = "/deltabox.v1.DeltaBoxService/Fork"
+	// DeltaBoxServiceGetTreeProcedure is the fully-qualified name of the DeltaBoxService's GetTree RPC.
+	DeltaBoxServiceGetTreeProcedure = "/deltabox.v1.DeltaBoxService/GetTree"
+	// DeltaBoxServiceGetCheckpointProcedure is the fully-qualified name of the DeltaBoxService's
+	// GetCheckpoint RPC.
+	DeltaBoxServiceGetCheckpointProcedure = "/deltabox.v1.DeltaBoxService/GetCheckpoint"
+	// DeltaBoxServiceListCheckpointsProcedure is the fully-qualified name of the DeltaBoxService's
+	// ListCheckpoints RPC.
+	DeltaBoxServiceListCheckpointsProcedure = "/deltabox.v1.DeltaBoxService/ListCheckpoints"
+	// DeltaBoxServiceDeleteCheckpointProcedure is the fully-qualified name of the DeltaBoxService's
+	// DeleteCheckpoint RPC.
+	DeltaBoxServiceDeleteCheckpointProcedure = "/deltabox.v1.DeltaBoxService/DeleteCheckpoint"
+	// DeltaBoxServiceDiffProcedure is the fully-qualified name of the DeltaBoxService's Diff RPC.
+	DeltaBoxServiceDiffProcedure = "/deltabox.v1.DeltaBoxService/Diff"
 )
 
 // DeltaBoxServiceClient is a client for the deltabox.v1.DeltaBoxService service.
@@ -143,6 +163,32 @@ type DeltaBoxServiceClient interface {
 	ImportImage(context.Context) *connect.ClientStreamForClient[v1.ImportImageRequest, v1.ImportImageResponse]
 	ListImages(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
+	// Checkpoints. A checkpoint is an immutable, coupled capture of one
+	// sandbox's filesystem and processes at one instant. Checkpoints form a
+	// tree: a sandbox's head is the checkpoint it last took or restored, and
+	// the next checkpoint's parent is the head.
+	//
+	// CreateCheckpoint takes a checkpoint of a running sandbox and makes it
+	// the sandbox's head.
+	CreateCheckpoint(context.Context, *connect.Request[v1.CreateCheckpointRequest]) (*connect.Response[v1.CreateCheckpointResponse], error)
+	// Restore rolls a sandbox back, in place (same id), to a checkpoint of its
+	// tree; a checkpoint of another tree fails with failed_precondition (fork
+	// it instead).
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error)
+	// Fork creates n new sandboxes, each exactly as at the checkpoint.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// GetTree returns the checkpoint tree that holds a sandbox or a
+	// checkpoint, or every tree when the id is empty.
+	GetTree(context.Context, *connect.Request[v1.GetTreeRequest]) (*connect.Response[v1.GetTreeResponse], error)
+	GetCheckpoint(context.Context, *connect.Request[v1.GetCheckpointRequest]) (*connect.Response[v1.GetCheckpointResponse], error)
+	ListCheckpoints(context.Context, *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error)
+	// DeleteCheckpoint removes a checkpoint; with recursive, its descendants
+	// too. Without, one that has children fails with failed_precondition.
+	// Sandboxes whose head it was take its parent as their head.
+	DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error)
+	// Diff lists the files added, modified and removed from one checkpoint or
+	// sandbox (its live filesystem) to another.
+	Diff(context.Context, *connect.Request[v1.DiffRequest]) (*connect.Response[v1.DiffResponse], error)
 }
 
 // NewDeltaBoxServiceClient constructs a client for the deltabox.v1.DeltaBoxService service. By
@@ -270,30 +316,86 @@ func NewDeltaBoxServiceClient(httpClient connect.HTTPClient, baseURL string, opt
 			connect.WithSchema(deltaBoxServiceMethods.ByName("RemoveImage")),
 			connect.WithClientOptions(opts...),
 		),
+		createCheckpoint: connect.NewClient[v1.CreateCheckpointRequest, v1.CreateCheckpointResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceCreateCheckpointProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("CreateCheckpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		restore: connect.NewClient[v1.RestoreRequest, v1.RestoreResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceRestoreProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("Restore")),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceForkProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
+		getTree: connect.NewClient[v1.GetTreeRequest, v1.GetTreeResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceGetTreeProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("GetTree")),
+			connect.WithClientOptions(opts...),
+		),
+		getCheckpoint: connect.NewClient[v1.GetCheckpointRequest, v1.GetCheckpointResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceGetCheckpointProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("GetCheckpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		listCheckpoints: connect.NewClient[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceListCheckpointsProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("ListCheckpoints")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteCheckpoint: connect.NewClient[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceDeleteCheckpointProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("DeleteCheckpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		diff: connect.NewClient[v1.DiffRequest, v1.DiffResponse](
+			httpClient,
+			baseURL+DeltaBoxServiceDiffProcedure,
+			connect.WithSchema(deltaBoxServiceMethods.ByName("Diff")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // deltaBoxServiceClient implements DeltaBoxServiceClient.
 type deltaBoxServiceClient struct {
-	info            *connect.Client[v1.InfoRequest, v1.InfoResponse]
-	createSandbox   *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
-	getSandbox      *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
-	listSandboxes   *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
-	deleteSandbox   *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
-	exec            *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	execInteractive *connect.Client[v1.ExecInteractiveRequest, v1.ExecResponse]
-	runSession      *connect.Client[v1.RunSessionRequest, v1.ExecResponse]
-	readFile        *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile       *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	stat            *connect.Client[v1.StatRequest, v1.StatResponse]
-	listDir         *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
-	mkdir           *connect.Client[v1.MkdirRequest, v1.MkdirResponse]
-	remove          *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
-	upload          *connect.Client[v1.UploadRequest, v1.UploadResponse]
-	download        *connect.Client[v1.DownloadRequest, v1.DownloadResponse]
-	importImage     *connect.Client[v1.ImportImageRequest, v1.ImportImageResponse]
-	listImages      *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
-	removeImage     *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
+	info             *connect.Client[v1.InfoRequest, v1.InfoResponse]
+	createSandbox    *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	getSandbox       *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
+	listSandboxes    *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
+	deleteSandbox    *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
+	exec             *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	execInteractive  *connect.Client[v1.ExecInteractiveRequest, v1.ExecResponse]
+	runSession       *connect.Client[v1.RunSessionRequest, v1.ExecResponse]
+	readFile         *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile        *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	stat             *connect.Client[v1.StatRequest, v1.StatResponse]
+	listDir          *connect.Client[v1.ListDirRequest, v1.ListDirResponse]
+	mkdir            *connect.Client[v1.MkdirRequest, v1.MkdirResponse]
+	remove           *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	upload           *connect.Client[v1.UploadRequest, v1.UploadResponse]
+	download         *connect.Client[v1.DownloadRequest, v1.DownloadResponse]
+	importImage      *connect.Client[v1.ImportImageRequest, v1.ImportImageResponse]
+	listImages       *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
+	removeImage      *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
+	createCheckpoint *connect.Client[v1.CreateCheckpointRequest, v1.CreateCheckpointResponse]
+	restore          *connect.Client[v1.RestoreRequest, v1.RestoreResponse]
+	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	getTree          *connect.Client[v1.GetTreeRequest, v1.GetTreeResponse]
+	getCheckpoint    *connect.Client[v1.GetCheckpointRequest, v1.GetCheckpointResponse]
+	listCheckpoints  *connect.Client[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse]
+	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
+	diff             *connect.Client[v1.DiffRequest, v1.DiffResponse]
 }
 
 // Info calls deltabox.v1.DeltaBoxService.Info.
@@ -391,6 +493,46 @@ func (c *deltaBoxServiceClient) RemoveImage(ctx context.Context, req *connect.Re
 	return c.removeImage.CallUnary(ctx, req)
 }
 
+// CreateCheckpoint calls deltabox.v1.DeltaBoxService.CreateCheckpoint.
+func (c *deltaBoxServiceClient) CreateCheckpoint(ctx context.Context, req *connect.Request[v1.CreateCheckpointRequest]) (*connect.Response[v1.CreateCheckpointResponse], error) {
+	return c.createCheckpoint.CallUnary(ctx, req)
+}
+
+// Restore calls deltabox.v1.DeltaBoxService.Restore.
+func (c *deltaBoxServiceClient) Restore(ctx context.Context, req *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error) {
+	return c.restore.CallUnary(ctx, req)
+}
+
+// Fork calls deltabox.v1.DeltaBoxService.Fork.
+func (c *deltaBoxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
+}
+
+// GetTree calls deltabox.v1.DeltaBoxService.GetTree.
+func (c *deltaBoxServiceClient) GetTree(ctx context.Context, req *connect.Request[v1.GetTreeRequest]) (*connect.Response[v1.GetTreeResponse], error) {
+	return c.getTree.CallUnary(ctx, req)
+}
+
+// GetCheckpoint calls deltabox.v1.DeltaBoxService.GetCheckpoint.
+func (c *deltaBoxServiceClient) GetCheckpoint(ctx context.Context, req *connect.Request[v1.GetCheckpointRequest]) (*connect.Response[v1.GetCheckpointResponse], error) {
+	return c.getCheckpoint.CallUnary(ctx, req)
+}
+
+// ListCheckpoints calls deltabox.v1.DeltaBoxService.ListCheckpoints.
+func (c *deltaBoxServiceClient) ListCheckpoints(ctx context.Context, req *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
+	return c.listCheckpoints.CallUnary(ctx, req)
+}
+
+// DeleteCheckpoint calls deltabox.v1.DeltaBoxService.DeleteCheckpoint.
+func (c *deltaBoxServiceClient) DeleteCheckpoint(ctx context.Context, req *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	return c.deleteCheckpoint.CallUnary(ctx, req)
+}
+
+// Diff calls deltabox.v1.DeltaBoxService.Diff.
+func (c *deltaBoxServiceClient) Diff(ctx context.Context, req *connect.Request[v1.DiffRequest]) (*connect.Response[v1.DiffResponse], error) {
+	return c.diff.CallUnary(ctx, req)
+}
+
 // DeltaBoxServiceHandler is an implementation of the deltabox.v1.DeltaBoxService service.
 type DeltaBoxServiceHandler interface {
 	// Info describes the daemon and the kernel features it found.
@@ -432,6 +574,32 @@ type DeltaBoxServiceHandler interface {
 	ImportImage(context.Context, *connect.ClientStream[v1.ImportImageRequest]) (*connect.Response[v1.ImportImageResponse], error)
 	ListImages(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
+	// Checkpoints. A checkpoint is an immutable, coupled capture of one
+	// sandbox's filesystem and processes at one instant. Checkpoints form a
+	// tree: a sandbox's head is the checkpoint it last took or restored, and
+	// the next checkpoint's parent is the head.
+	//
+	// CreateCheckpoint takes a checkpoint of a running sandbox and makes it
+	// the sandbox's head.
+	CreateCheckpoint(context.Context, *connect.Request[v1.CreateCheckpointRequest]) (*connect.Response[v1.CreateCheckpointResponse], error)
+	// Restore rolls a sandbox back, in place (same id), to a checkpoint of its
+	// tree; a checkpoint of another tree fails with failed_precondition (fork
+	// it instead).
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error)
+	// Fork creates n new sandboxes, each exactly as at the checkpoint.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// GetTree returns the checkpoint tree that holds a sandbox or a
+	// checkpoint, or every tree when the id is empty.
+	GetTree(context.Context, *connect.Request[v1.GetTreeRequest]) (*connect.Response[v1.GetTreeResponse], error)
+	GetCheckpoint(context.Context, *connect.Request[v1.GetCheckpointRequest]) (*connect.Response[v1.GetCheckpointResponse], error)
+	ListCheckpoints(context.Context, *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error)
+	// DeleteCheckpoint removes a checkpoint; with recursive, its descendants
+	// too. Without, one that has children fails with failed_precondition.
+	// Sandboxes whose head it was take its parent as their head.
+	DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error)
+	// Diff lists the files added, modified and removed from one checkpoint or
+	// sandbox (its live filesystem) to another.
+	Diff(context.Context, *connect.Request[v1.DiffRequest]) (*connect.Response[v1.DiffResponse], error)
 }
 
 // NewDeltaBoxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -555,6 +723,54 @@ func NewDeltaBoxServiceHandler(svc DeltaBoxServiceHandler, opts ...connect.Handl
 		connect.WithSchema(deltaBoxServiceMethods.ByName("RemoveImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	deltaBoxServiceCreateCheckpointHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceCreateCheckpointProcedure,
+		svc.CreateCheckpoint,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("CreateCheckpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceRestoreHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceRestoreProcedure,
+		svc.Restore,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("Restore")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceForkHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceGetTreeHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceGetTreeProcedure,
+		svc.GetTree,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("GetTree")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceGetCheckpointHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceGetCheckpointProcedure,
+		svc.GetCheckpoint,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("GetCheckpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceListCheckpointsHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceListCheckpointsProcedure,
+		svc.ListCheckpoints,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("ListCheckpoints")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceDeleteCheckpointHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceDeleteCheckpointProcedure,
+		svc.DeleteCheckpoint,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("DeleteCheckpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	deltaBoxServiceDiffHandler := connect.NewUnaryHandler(
+		DeltaBoxServiceDiffProcedure,
+		svc.Diff,
+		connect.WithSchema(deltaBoxServiceMethods.ByName("Diff")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/deltabox.v1.DeltaBoxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case DeltaBoxServiceInfoProcedure:
@@ -595,6 +811,22 @@ func NewDeltaBoxServiceHandler(svc DeltaBoxServiceHandler, opts ...connect.Handl
 			deltaBoxServiceListImagesHandler.ServeHTTP(w, r)
 		case DeltaBoxServiceRemoveImageProcedure:
 			deltaBoxServiceRemoveImageHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceCreateCheckpointProcedure:
+			deltaBoxServiceCreateCheckpointHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceRestoreProcedure:
+			deltaBoxServiceRestoreHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceForkProcedure:
+			deltaBoxServiceForkHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceGetTreeProcedure:
+			deltaBoxServiceGetTreeHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceGetCheckpointProcedure:
+			deltaBoxServiceGetCheckpointHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceListCheckpointsProcedure:
+			deltaBoxServiceListCheckpointsHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceDeleteCheckpointProcedure:
+			deltaBoxServiceDeleteCheckpointHandler.ServeHTTP(w, r)
+		case DeltaBoxServiceDiffProcedure:
+			deltaBoxServiceDiffHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -678,4 +910,36 @@ func (UnimplementedDeltaBoxServiceHandler) ListImages(context.Context, *connect.
 
 func (UnimplementedDeltaBoxServiceHandler) RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.RemoveImage is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) CreateCheckpoint(context.Context, *connect.Request[v1.CreateCheckpointRequest]) (*connect.Response[v1.CreateCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.CreateCheckpoint is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.RestoreResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.Restore is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.Fork is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) GetTree(context.Context, *connect.Request[v1.GetTreeRequest]) (*connect.Response[v1.GetTreeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.GetTree is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) GetCheckpoint(context.Context, *connect.Request[v1.GetCheckpointRequest]) (*connect.Response[v1.GetCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.GetCheckpoint is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) ListCheckpoints(context.Context, *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.ListCheckpoints is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.DeleteCheckpoint is not implemented"))
+}
+
+func (UnimplementedDeltaBoxServiceHandler) Diff(context.Context, *connect.Request[v1.DiffRequest]) (*connect.Response[v1.DiffResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("deltabox.v1.DeltaBoxService.Diff is not implemented"))
 }
