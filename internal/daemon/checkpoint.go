@@ -4,10 +4,13 @@ package daemon
 
 import (
 	"context"
+	"slices"
+	"strings"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/deltabox/deltabox/api/deltabox/v1"
+	"github.com/deltabox/deltabox/internal/layer"
 )
 
 // The checkpoint handlers: they validate at the edge and call the backend's
@@ -122,5 +125,8 @@ func (s *service) Diff(ctx context.Context, req *connect.Request[v1.DiffRequest]
 	if err != nil {
 		return nil, err
 	}
+	// Sorted here, so that every client sees the same order whatever the
+	// layer store walks in.
+	slices.SortStableFunc(changes, func(a, b layer.Change) int { return strings.Compare(a.Path, b.Path) })
 	return connect.NewResponse(&v1.DiffResponse{Changes: changesToProto(changes)}), nil
 }

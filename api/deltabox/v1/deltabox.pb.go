@@ -3967,8 +3967,9 @@ func (x *DiffRequest) GetTo() string {
 }
 
 type DiffResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Changes       []*Change              `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// changes are sorted by path.
+	Changes       []*Change `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	deltabox "github.com/deltabox/deltabox/sdk"
+)
+
+func (a *app) checkpointCmd() *cobra.Command {
+	var (
+		name   string
+		labels []string
+	)
+	cmd := &cobra.Command{
+		Use:     "checkpoint SANDBOX [--name NAME] [--label k=v]...",
+		Aliases: []string{"ckpt"},
+		Short:   "Checkpoint a sandbox: print the checkpoint's id and how long the sandbox was paused",
+		Long: `Take a checkpoint of a sandbox: its files and its processes, captured at the
+same instant while the sandbox is frozen. The checkpoint's parent is the
+sandbox's head, and it becomes the new head. "checkpoint ls" and
+"checkpoint rm" list and remove checkpoints.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lm, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			opts := []deltabox.CheckpointOption{deltabox.WithCheckpointName(name)}
+			if lm != nil {
+				opts = append(opts, deltabox.WithCheckpointLabels(lm))
+			}
+			ck, err := c.Sandbox(args[0]).Checkpoint(cmd.Context(), opts...)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout, toCheckpointJSON(ck))
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s (paused %s)\n", ck.ID, humanMs(ck.Pause))
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&name, "name", "", "name of the checkpoint")
+	f.StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
+	cmd.AddCommand(a.checkpointLsCmd(), a.checkpointRmCmd())
+	return cmd
+}
+
+func (a *app) checkpointLsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List checkpoints, parents before children",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			list, err := c.ListCheckpoints(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.json {
+				out := make([]checkpointJSON, len(list))
+				for i, ck := range list {
+					out[i] = toCheckpointJSON(ck)
+				}
+				return printJSON(a.stdout, out)
+			}
+			now := time.Now()
+			tw, row := table(a.stdout, "ID", "NAME", "PARENT", "SANDBOX", "CREATED", "PAUSE", "HEAD OF", "LABELS")
+			for _, ck := range list {
+				row(ck.ID, orDash(ck.Name), orDash(ck.Parent), ck.SandboxID, ago(ck.Created, now),
+					humanMs(ck.Pause), orDash(strings.Join(ck.Heads, ",")), labelString(ck.Labels))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func (a *app) checkpointRmCmd() *cobra.Command {
+	var recursive bool
+	cmd := &cobra.Command{
+		Use:   "rm [--recursive] CHECKPOINT...",
+		Short: "Remove checkpoints (with --recursive, their descendants too)",
+		Long: `Remove checkpoints. A checkpoint with children is kept unless --recursive
+is given, which removes its descendants too. Sandboxes whose head is removed
+take its parent as their head; sandboxes themselves are never removed.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			type removed struct {
+				ID    string `json:"id"`
+				Error string `json:"error,omitempty"`
+			}
+			var out []removed
+			failed := 0
+			for _, id := range args {
+				err := c.DeleteCheckpoint(cmd.Context(), id, recursive)
+				r := removed{ID: id}
+				if err != nil {
+					failed++
+					r.Error = err.Error()
+					if !a.json {
+						fmt.Fprintf(a.stderr, "deltabox: checkpoint rm %s: %v\n", id, err)
+					}
+				} else if !a.json {
+					fmt.Fprintln(a.stdout, id)
+				}
+				out = append(out, r)
+			}
+			if a.json {
+				if err := printJSON(a.stdout, out); err != nil {
+					return err
+				}
+			}
+			if failed > 0 {
+				return exitCode(exitError)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "also remove the checkpoints' descendants")
+	return cmd
+}
+
+// checkpointJSON is a checkpoint as checkpoint, checkpoint ls and tree print
+// it with --json: every key always present.
+type checkpointJSON struct {
+	ID        string            `json:"id"`
+	Parent    string            `json:"parent"`
+	Sandbox   string            `json:"sandbox"`
+	Name      string            `json:"name"`
+	Labels    map[string]string `json:"labels"`
+	Created   time.Time         `json:"created"`
+	PauseMs   float64           `json:"pause_ms"`
+	Processes []processJSON     `json:"processes"`
+	Heads     []string          `json:"heads"`
+}
+
+// processJSON is one process of a checkpoint or restore.
+type processJSON struct {
+	Name   string `json:"name"`
+	Path   string `json:"path"` // template | criu | replay | none
+	Reason string `json:"reason"`
+}
+
+func toCheckpointJSON(ck deltabox.Checkpoint) checkpointJSON {
+	out := checkpointJSON{
+		ID: ck.ID, Parent: ck.Parent, Sandbox: ck.SandboxID, Name: ck.Name, Labels: ck.Labels,
+		Created: ck.Created, PauseMs: ms(ck.Pause), Processes: toProcessesJSON(ck.Processes), Heads: ck.Heads,
+	}
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	if out.Heads == nil {
+		out.Heads = []string{}
+	}
+	return out
+}
+
+func toProcessesJSON(ps []deltabox.ProcessState) []processJSON {
+	out := make([]processJSON, len(ps))
+	for i, p := range ps {
+		out[i] = processJSON{Name: p.Name, Path: string(p.Path), Reason: p.Reason}
+	}
+	return out
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
