@@ -30,14 +30,15 @@ func main() {
 	n := flag.Int("n", 100, "sandboxes to create, exec in and delete")
 	calls := flag.Int("calls", 200, "session round trips per kind")
 	storage := flag.String("storage", "", "layer store backend (default: probe)")
+	warmPool := flag.Int("warm-pool", 2, "prepared sandboxes kept ready (the daemon's default); the cold path is measured too")
 	flag.Parse()
-	if err := run(*n, *calls, *storage); err != nil {
+	if err := run(*n, *calls, *storage, *warmPool); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, calls int, storage string) error {
+func run(n, calls int, storage string, warmPool int) error {
 	level := slog.LevelInfo
 	if os.Getenv("DELTABOX_TRACE") != "" {
 		level = slog.LevelDebug
@@ -48,7 +49,8 @@ func run(n, calls int, storage string) error {
 		return err
 	}
 	defer os.RemoveAll(root)
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Storage: storage, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Storage: storage, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -62,6 +64,35 @@ func run(n, calls int, storage string) error {
 		_ = m.DeleteSandbox(ctx, in.ID, true)
 	}
 	var create, first, del []time.Duration
+	var warmCreate []time.Duration
+	if warmPool > 0 {
+		// The warm path: a second manager with a pool; one create at a time,
+		// with the pool given time to refill between (as between an agent's
+		// steps).
+		wroot, err := os.MkdirTemp("", "deltabox-bench-warm-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(wroot)
+		wm, err := statemgr.New(ctx, statemgr.Options{Root: wroot, Storage: storage, Logger: logger, WarmPool: warmPool})
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			time.Sleep(150 * time.Millisecond)
+			t0 := time.Now()
+			in, err := wm.CreateSandbox(ctx, sandbox.Config{})
+			if err != nil {
+				wm.Close()
+				return err
+			}
+			warmCreate = append(warmCreate, time.Since(t0))
+			_ = wm.DeleteSandbox(ctx, in.ID, true)
+		}
+		if err := wm.Close(); err != nil {
+			return err
+		}
+	}
 	for i := 0; i < n; i++ {
 		t0 := time.Now()
 		in, err := m.CreateSandbox(ctx, sandbox.Config{})
@@ -114,7 +145,10 @@ func run(n, calls int, storage string) error {
 		med, p95, lo, hi := stats(d)
 		fmt.Printf("%-28s %10s %10s %10s %10s\n", name, ms(med), ms(p95), ms(lo), ms(hi))
 	}
-	row("create", create)
+	row("create (cold)", create)
+	if len(warmCreate) > 0 {
+		row("create (warm pool)", warmCreate)
+	}
 	row("first exec round trip", first)
 	row("delete", del)
 	row("exec round trip (warm)", execRT)

@@ -18,6 +18,7 @@ import (
 func (a *app) serveCmd() *cobra.Command {
 	var (
 		root, storage, listen, logLevel string
+		warmPool                        int
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -51,7 +52,7 @@ token. SIGINT or SIGTERM stop it gracefully.`,
 			if err := daemon.ProbeSocket(a.socket); err != nil {
 				return err
 			}
-			backend, closer, err := newBackend(ctx, statemgr.Options{Root: root, Storage: storage, Logger: log})
+			backend, closer, err := newBackend(ctx, statemgr.Options{Root: root, Storage: storage, Logger: log, WarmPool: warmPool})
 			if err != nil {
 				return fmt.Errorf("start: %w", err)
 			}
@@ -76,6 +77,7 @@ token. SIGINT or SIGTERM stop it gracefully.`,
 	f.StringVar(&storage, "storage", "", "layer store: btrfs, overlay or copy (default: the best available)")
 	f.StringVar(&listen, "listen", "", "also serve on this TCP address (needs --token)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.IntVar(&warmPool, "warm-pool", 2, "prepared sandboxes kept ready so that a create skips the process start (0: none)")
 	return cmd
 }
 

@@ -113,6 +113,7 @@ type Sandbox struct {
 	rootfs  string // host path of the mounted root
 	lowers  []string
 	ids     IDMap
+	limits  Limits
 	env     []string
 	workdir string
 	cg      cgroup.Cgroup
@@ -156,16 +157,31 @@ func (s *Sandbox) InitPid() int { return s.init.Process.Pid }
 func (s *Sandbox) Cgroup() cgroup.Cgroup { return s.cg }
 
 // Start starts a sandbox. On failure everything it did is undone.
-func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
-	if spec.ID == "" || spec.IDs.Size == 0 {
+func (r *Runtime) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
+	sb, err := r.Prepare(ctx, spec.ID, spec.IDs, spec.Limits)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Finish(ctx, sb, spec); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// Prepare does the part of Start that does not depend on the root
+// filesystem: the cgroup, and the init in its new namespaces, waiting for its
+// root. A warm pool of prepared sandboxes takes the process boot off the path
+// of a create. Finish completes it; Destroy discards it.
+func (r *Runtime) Prepare(ctx context.Context, id string, ids IDMap, lim Limits) (_ *Sandbox, err error) {
+	if id == "" || ids.Size == 0 {
 		return nil, fmt.Errorf("start sandbox: id and id map are required: %w", errdefs.ErrInvalidArgument)
 	}
-	dir := filepath.Join(r.runDir, spec.ID)
+	dir := filepath.Join(r.runDir, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("start sandbox %q: %w", spec.ID, errdefs.ErrAlreadyExists)
+			return nil, fmt.Errorf("start sandbox %q: %w", id, errdefs.ErrAlreadyExists)
 		}
-		return nil, fmt.Errorf("start sandbox %q: %w", spec.ID, err)
+		return nil, fmt.Errorf("start sandbox %q: %w", id, err)
 	}
 	var undo []func()
 	defer func() {
@@ -174,17 +190,14 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 				undo[i]()
 			}
 			os.RemoveAll(dir)
-			err = fmt.Errorf("start sandbox %q: %w", spec.ID, err)
+			err = fmt.Errorf("start sandbox %q: %w", id, err)
 		}
 	}()
-
 	tr := newTrace(ctx)
-	defer tr.done(r.log, "start sandbox "+spec.ID)
+	defer tr.done(r.log, "prepare sandbox "+id)
 
 	// 1. The cgroup, so that the init is in it before it can start anything.
-	cg, err := cgroup.New(ctx, spec.ID, cgroup.Limits{
-		MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.Pids, CPUs: spec.Limits.CPUs,
-	}, cgroup.WithParent(r.cgParent))
+	cg, err := cgroup.New(ctx, id, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs}, cgroup.WithParent(r.cgParent))
 	if err != nil {
 		return nil, err
 	}
@@ -194,35 +207,59 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 	// 2. The init, in new namespaces. It boots while the root is mounted and
 	//    waits for its config.
 	sb := &Sandbox{
-		id: spec.ID, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: spec.IDs, env: spec.Env,
-		workdir: spec.Workdir, cg: cg, log: r.log.With("sandbox", spec.ID),
+		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
+		log: r.log.With("sandbox", id), limits: lim,
 		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
 		deadCh: make(chan struct{}),
 	}
-	if err := r.spawnInit(sb, spec); err != nil {
+	if err := r.spawnInit(sb, ids); err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { sb.killInit() })
 	tr.step("init spawn")
+	return sb, nil
+}
+
+// Finish mounts a prepared sandbox's root (the image's lowers idmapped with
+// the init's own user namespace, under the active layer) and has the init
+// pivot into it. spec.ID and spec.IDs must be the ones it was prepared with.
+// On failure the sandbox is destroyed.
+func (r *Runtime) Finish(ctx context.Context, sb *Sandbox, spec Spec) (err error) {
+	if spec.ID != sb.id || spec.IDs != sb.ids {
+		return fmt.Errorf("finish sandbox %q: prepared as %q: %w", spec.ID, sb.id, errdefs.ErrInvalidArgument)
+	}
+	defer func() {
+		if err != nil {
+			_ = sb.Destroy(context.Background())
+			err = fmt.Errorf("start sandbox %q: %w", spec.ID, err)
+		}
+	}()
+	tr := newTrace(ctx)
+	defer tr.done(r.log, "finish sandbox "+spec.ID)
+	sb.env, sb.workdir = spec.Env, spec.Workdir
+	if spec.Limits != sb.limits {
+		if err := sb.cg.SetLimits(cgroup.Limits{MemoryBytes: spec.Limits.MemoryBytes, Pids: spec.Limits.Pids, CPUs: spec.Limits.CPUs}); err != nil {
+			return err
+		}
+		sb.limits = spec.Limits
+	}
 
 	// 3. The image's lowers, idmapped with the init's own user namespace
 	//    and read-only.
 	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", sb.init.Process.Pid))
 	if err != nil {
-		return nil, fmt.Errorf("open the init's user namespace: %w", err)
+		return fmt.Errorf("open the init's user namespace: %w", err)
 	}
 	defer userns.Close()
 	for i, l := range spec.ImageLowers {
-		target := filepath.Join(dir, "lower"+strconv.Itoa(i))
+		target := filepath.Join(sb.dir, "lower"+strconv.Itoa(i))
 		if err := os.Mkdir(target, 0o700); err != nil {
-			return nil, err
+			return err
 		}
+		sb.lowers = append(sb.lowers, target) // Destroy unmounts them
 		if err := idmapMount(l, target, userns); err != nil {
-			return nil, err
+			return err
 		}
-		undo = append(undo, func() { _ = layer.Unmount(target) })
-		sb.lowers = append(sb.lowers, target)
 	}
 	tr.step("idmap")
 
@@ -231,31 +268,30 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (_ *Sandbox, err error) 
 	if spec.Layer.Upper != "" {
 		for _, d := range []string{spec.Layer.Upper, spec.Layer.Work} {
 			if err := os.Chown(d, int(spec.IDs.HostBase), int(spec.IDs.HostBase)); err != nil {
-				return nil, fmt.Errorf("chown layer: %w", err)
+				return fmt.Errorf("chown layer: %w", err)
 			}
 		}
 	}
 	if err := os.Mkdir(sb.rootfs, 0o755); err != nil {
-		return nil, err
+		return err
 	}
 	if err := layer.MountOverlay(spec.Layer, sb.lowers, sb.rootfs); err != nil {
-		return nil, err
+		return err
 	}
-	undo = append(undo, func() { _ = layer.Unmount(sb.rootfs) })
 	tr.step("overlay")
 
 	// 5. The init sets the root up.
 	if err := r.configureInit(ctx, sb, spec); err != nil {
-		return nil, err
+		return err
 	}
 	tr.step("init setup")
-	return sb, nil
+	return nil
 }
 
 // spawnInit starts the init in new user, mount, pid, net, uts and ipc
 // namespaces and puts it in the sandbox's cgroup; it then waits for its
 // config.
-func (r *Runtime) spawnInit(sb *Sandbox, spec Spec) error {
+func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("control socketpair: %w", err)
@@ -271,8 +307,8 @@ func (r *Runtime) spawnInit(sb *Sandbox, spec Spec) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
 			unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(spec.IDs.HostBase), Size: int(spec.IDs.Size)}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(spec.IDs.HostBase), Size: int(spec.IDs.Size)}},
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.HostBase), Size: int(ids.Size)}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.HostBase), Size: int(ids.Size)}},
 		GidMappingsEnableSetgroups: true,
 		// Become root of the new user namespace (host id HostBase): created
 		// by host root, the child's ids are otherwise unmapped there and

@@ -275,6 +275,12 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	return res, nil
 }
 
+func (m *Manager) dropInflight(id string) {
+	m.mu.Lock()
+	delete(m.inflight, id)
+	m.mu.Unlock()
+}
+
 // restart puts a sandbox whose restore failed back on its own layer rather
 // than leave it dead.
 func (m *Manager) restart(r *record) {
@@ -333,24 +339,30 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 	g.SetLimit(8)
 	for i := range ids {
 		g.Go(func() error {
-			r := &record{Config: ck.Config, State: sandbox.StateCreating, Created: time.Now().UTC(), IDSlot: ck.IDSlot, Head: ck.ID}
-			if err := m.allocateIn(r); err != nil {
+			// As in a create, the record is written once, when the fork
+			// runs.
+			r := &record{Config: ck.Config, State: sandbox.StateRunning, Created: time.Now().UTC(), IDSlot: ck.IDSlot, Head: ck.ID}
+			if err := m.db.View(func(tx *bolt.Tx) error {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				r.ID = m.freshID(tx)
+				return nil
+			}); err != nil {
 				return err
 			}
-			ids[i] = r.ID
 			active, err := m.layers.Branch(gctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": r.ID}))
 			if err != nil {
+				m.dropInflight(r.ID)
 				return err
 			}
 			r.Layer = active.ID
-			if err := m.put(r); err != nil {
+			sb, err := m.startRecord(gctx, r)
+			if err != nil {
+				m.dropInflight(r.ID)
 				_ = m.layers.Remove(context.Background(), active.ID)
 				return err
 			}
-			sb, err := m.startRecord(gctx, r)
-			if err != nil {
-				return err
-			}
+			ids[i] = r.ID
 			if ck.HasShell {
 				return sb.ReplayShellState(gctx, ck.Shell)
 			}

@@ -84,6 +84,14 @@ type Manager struct {
 	ops  map[string]*sync.Mutex // per-sandbox lock of checkpoint, restore, delete
 
 	bg sync.WaitGroup // background removals of replaced layers
+
+	// The warm pool (pool.go); nil when off.
+	pool       chan warm
+	refill     chan struct{}
+	poolCancel context.CancelFunc
+	poolDone   sync.WaitGroup
+	reserved   map[int]bool    // id ranges held for sandboxes not yet stored (guarded by mu)
+	inflight   map[string]bool // ids handed out, not yet stored or dropped (guarded by mu)
 }
 
 var _ daemon.Backend = (*Manager)(nil)
@@ -103,7 +111,8 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 	if err := os.MkdirAll(opts.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("open state %q: %w", opts.Root, err)
 	}
-	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{}, ops: map[string]*sync.Mutex{}}
+	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{},
+		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}}
 	var closers []io.Closer
 	defer func() {
 		if err != nil {
@@ -162,12 +171,21 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 	if err := m.recover(ctx); err != nil {
 		return nil, err
 	}
+	if opts.WarmPool > 0 {
+		pctx, cancel := context.WithCancel(context.Background())
+		m.pool = make(chan warm, opts.WarmPool)
+		m.refill = make(chan struct{}, 1)
+		m.poolCancel = cancel
+		m.poolDone.Add(1)
+		go m.fillPool(pctx, opts.WarmPool)
+	}
 	return m, nil
 }
 
 // Close stops every sandbox's processes (their filesystems stay, and the next
 // daemon restarts them) and closes the stores.
 func (m *Manager) Close() error {
+	m.drainPool()
 	m.mu.Lock()
 	live := m.live
 	m.live = map[string]*sandbox.Sandbox{}
@@ -296,27 +314,46 @@ func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sand
 	if err := validateConfig(&cfg); err != nil {
 		return sandbox.Info{}, err
 	}
+	t0 := time.Now()
+	defer func() { m.log.Debug("create", "total_ms", msSince(t0), "err", err) }()
 	if _, err := m.images.Get(ctx, cfg.Image); err != nil {
 		return sandbox.Info{}, fmt.Errorf("create sandbox: image %q: %w", cfg.Image, err)
 	}
-	r := &record{Config: cfg, State: sandbox.StateCreating, Created: time.Now().UTC()}
-	if err := m.allocate(r); err != nil {
+	m.log.Debug("create: image", "ms", msSince(t0))
+	// The id and id range are held in memory until the record is written,
+	// once, when the sandbox runs: a crash before that leaves only an
+	// unreferenced layer and run directory, which recovery removes.
+	r := &record{Config: cfg, State: sandbox.StateRunning, Created: time.Now().UTC()}
+	w, warmOK := m.takeWarm()
+	if warmOK {
+		r.ID, r.IDSlot = w.id, w.slot
+	} else if r.ID, r.IDSlot, err = m.reserve(); err != nil {
 		return sandbox.Info{}, err
 	}
+	defer m.unreserve(r.IDSlot) // the record holds the range once written
 	defer func() {
 		if err != nil {
-			_ = m.removeRecord(context.Background(), r)
+			if warmOK {
+				_ = w.sb.Destroy(context.Background())
+			}
+			if r.Layer != "" {
+				_ = m.layers.Remove(context.Background(), r.Layer)
+			}
 		}
 	}()
+	m.log.Debug("create: record", "ms", msSince(t0), "warm", warmOK)
 	active, err := m.layers.Branch(ctx, "", layer.WithLabels(map[string]string{"sandbox": r.ID}))
 	if err != nil {
 		return sandbox.Info{}, fmt.Errorf("create sandbox %q: %w", r.ID, err)
 	}
+	m.log.Debug("create: layer", "ms", msSince(t0))
 	r.Layer = active.ID
-	if err := m.put(r); err != nil {
-		return sandbox.Info{}, err
+	var prepared *sandbox.Sandbox
+	if warmOK {
+		prepared = w.sb
 	}
-	sb, err := m.startRecord(ctx, r)
+	sb, err := m.startPrepared(ctx, r, prepared)
+	warmOK = false // startPrepared destroyed or adopted it
 	if err != nil {
 		return sandbox.Info{}, err
 	}
@@ -325,22 +362,41 @@ func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sand
 
 // startRecord starts the runtime side of a stored sandbox and marks it
 // running.
-func (m *Manager) startRecord(ctx context.Context, r *record) (_ *sandbox.Sandbox, err error) {
+func (m *Manager) startRecord(ctx context.Context, r *record) (*sandbox.Sandbox, error) {
+	return m.startPrepared(ctx, r, nil)
+}
+
+// startPrepared is startRecord on a sandbox the warm pool prepared (nil:
+// prepare one now). It consumes prepared: adopted on success, destroyed on
+// failure.
+func (m *Manager) startPrepared(ctx context.Context, r *record, prepared *sandbox.Sandbox) (_ *sandbox.Sandbox, err error) {
 	img, err := m.images.Get(ctx, r.Config.Image)
 	if err != nil {
+		if prepared != nil {
+			_ = prepared.Destroy(context.Background())
+		}
 		return nil, fmt.Errorf("start sandbox %q: image %q: %w", r.ID, r.Config.Image, err)
 	}
 	view, err := m.layers.Mounts(ctx, r.Layer)
 	if err != nil {
+		if prepared != nil {
+			_ = prepared.Destroy(context.Background())
+		}
 		return nil, fmt.Errorf("start sandbox %q: %w", r.ID, err)
 	}
 	env := mergeEnv(defaultEnv, img.Env)
 	env = mergeEnv(env, []string{"HOSTNAME=" + r.ID})
 	env = mergeEnv(env, r.Config.Env)
-	sb, err := m.rt.Start(ctx, sandbox.Spec{
+	spec := sandbox.Spec{
 		ID: r.ID, IDs: r.ids(), Hostname: r.ID, ImageLowers: img.Lowers, Layer: view,
 		Limits: r.Config.Limits, Env: env, Workdir: r.Config.Workdir,
-	})
+	}
+	sb := prepared
+	if sb == nil {
+		sb, err = m.rt.Start(ctx, spec)
+	} else {
+		err = m.rt.Finish(ctx, sb, spec)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -365,6 +421,7 @@ func (m *Manager) startRecord(ctx context.Context, r *record) (_ *sandbox.Sandbo
 	}
 	m.mu.Lock()
 	m.live[r.ID] = sb
+	delete(m.inflight, r.ID)
 	m.mu.Unlock()
 	return sb, nil
 }
@@ -572,20 +629,11 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	return m.images.Remove(ctx, name)
 }
 
-// allocate gives r a fresh id and the lowest id range (tree) no sandbox or
-// checkpoint uses, and stores it.
-func (m *Manager) allocate(r *record) error { return m.allocateSlot(r, true) }
-
-// allocateIn gives r a fresh id in its own tree's id range (a fork), and
-// stores it.
-func (m *Manager) allocateIn(r *record) error { return m.allocateSlot(r, false) }
-
-func (m *Manager) allocateSlot(r *record, newTree bool) error {
-	return m.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSandboxes)
-		if !newTree {
-			return putNew(b, r)
-		}
+// reserve picks a fresh sandbox id and a free id range for the warm pool,
+// without storing a record: the range is held in memory until a create
+// takes it (or the pool drops it).
+func (m *Manager) reserve() (id string, slot int, err error) {
+	err = m.db.View(func(tx *bolt.Tx) error {
 		used := map[int]bool{}
 		for _, bucket := range [][]byte{bucketSandboxes, bucketCheckpoints} {
 			if err := tx.Bucket(bucket).ForEach(func(_, v []byte) error {
@@ -600,29 +648,41 @@ func (m *Manager) allocateSlot(r *record, newTree bool) error {
 				return err
 			}
 		}
-		r.IDSlot = -1
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		slot = -1
 		for k := 0; k < maxIDKs; k++ {
-			if !used[k] {
-				r.IDSlot = k
+			if !used[k] && !m.reserved[k] {
+				slot = k
 				break
 			}
 		}
-		if r.IDSlot < 0 {
-			return fmt.Errorf("create sandbox: all %d id ranges in use: %w", maxIDKs, errdefs.ErrResourceExhausted)
+		if slot < 0 {
+			return fmt.Errorf("warm pool: all %d id ranges in use: %w", maxIDKs, errdefs.ErrResourceExhausted)
 		}
-		return putNew(b, r)
+		m.reserved[slot] = true
+		id = m.freshID(tx)
+		return nil
 	})
+	return id, slot, err
 }
 
-// putNew stores r under a fresh random id.
-func putNew(b *bolt.Bucket, r *record) error {
+// freshID returns a sandbox id that no record and no sandbox in flight has.
+// The caller holds m.mu.
+func (m *Manager) freshID(tx *bolt.Tx) string {
 	for {
-		r.ID = newID("sb-")
-		if b.Get([]byte(r.ID)) == nil {
-			break
+		id := newID("sb-")
+		if tx.Bucket(bucketSandboxes).Get([]byte(id)) == nil && !m.inflight[id] {
+			m.inflight[id] = true
+			return id
 		}
 	}
-	return putJSON(b, r.ID, r)
+}
+
+func (m *Manager) unreserve(slot int) {
+	m.mu.Lock()
+	delete(m.reserved, slot)
+	m.mu.Unlock()
 }
 
 func (m *Manager) put(r *record) error {

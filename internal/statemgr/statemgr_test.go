@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -619,5 +620,51 @@ func TestImportedImage(t *testing.T) {
 	}
 	if err := m.RemoveImage(ctx, "mini"); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("removing an image in use: %v", err)
+	}
+}
+
+func TestWarmPool(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.CheckLeaks(t)
+	ctx := context.Background()
+	m, err := statemgr.New(ctx, statemgr.Options{Root: t.TempDir(), CgroupParent: testutil.CgroupParent(), WarmPool: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Fsck(ctx); err != nil {
+			t.Errorf("fsck: %v", err)
+		}
+		if err := m.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	// More creates than the pool holds: some come warm, some cold; all must
+	// be proper, distinct sandboxes with their own limits and files.
+	var ids []string
+	for i := 0; i < 4; i++ {
+		in, err := m.CreateSandbox(ctx, sandbox.Config{Limits: sandbox.Limits{Pids: 100 + int64(i)}, Env: []string{"N=" + strconv.Itoa(i)}})
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		ids = append(ids, in.ID)
+		time.Sleep(50 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	for i, id := range ids {
+		r := sh(t, m, id, "echo $N $(hostname) $(cat /sys/fs/cgroup/pids.max 2>/dev/null || echo -) $(id -u); echo $N > /work/n; cat /work/n")
+		want := fmt.Sprintf("%d %s", i, id)
+		if !strings.HasPrefix(r.stdout, want) || !strings.HasSuffix(r.stdout, fmt.Sprintf(" 0\n%d\n", i)) {
+			t.Errorf("sandbox %d (%s): %q %q", i, id, r.stdout, r.stderr)
+		}
+		if seen[id] {
+			t.Errorf("id %s handed out twice", id)
+		}
+		seen[id] = true
+	}
+	for _, id := range ids {
+		if err := m.DeleteSandbox(ctx, id, true); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -134,6 +134,9 @@ type Cgroup interface {
 	// Delete kills what is left and removes the cgroup's directories, leaf
 	// first. Deleting a deleted cgroup is not an error.
 	Delete(ctx context.Context) error
+	// SetLimits changes the cgroup's limits (a pre-made cgroup taken for a
+	// sandbox with limits of its own).
+	SetLimits(lim Limits) error
 	// Stats reads the cgroup's counters.
 	Stats() (Stats, error)
 	// Child creates a child cgroup (see the package doc for what a child is

@@ -115,6 +115,14 @@ func loadV1(c config, name string) (Cgroup, error) {
 	return cg, nil
 }
 
+// SetLimits validates and writes lim.
+func (c *v1) SetLimits(lim Limits) error {
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("set limits of cgroup %q: %w", c.name, err)
+	}
+	return c.setLimits(lim)
+}
+
 func (c *v1) setLimits(lim Limits) error {
 	if lim.MemoryBytes > 0 {
 		d, v := c.dirs[ctrlMemory], strconv.FormatInt(lim.MemoryBytes, 10)

@@ -116,6 +116,14 @@ func enableControllers(dir string, ctrls []string) error {
 	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(add, " "))
 }
 
+// SetLimits validates and writes lim.
+func (c *v2) SetLimits(lim Limits) error {
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("set limits of cgroup %q: %w", c.name, err)
+	}
+	return c.setLimits(lim)
+}
+
 func (c *v2) setLimits(lim Limits) error {
 	if lim.MemoryBytes > 0 {
 		if err := writeFile(filepath.Join(c.dir, "memory.max"), strconv.FormatInt(lim.MemoryBytes, 10)); err != nil {
