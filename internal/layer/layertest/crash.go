@@ -75,6 +75,11 @@ func RunCrash(t *testing.T, newStore NewStore, rounds int) {
 	}
 }
 
+// IsCrashChild reports whether this process is RunCrash's child (which the
+// test must let run RunCrash without setting up anything else, such as a
+// leak check: it gets killed).
+func IsCrashChild() bool { return os.Getenv(crashEnv) != "" }
+
 func countLines(p string) int {
 	b, err := os.ReadFile(p)
 	if err != nil {

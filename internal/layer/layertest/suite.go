@@ -152,10 +152,8 @@ func Mount(t testing.TB, s layer.Store, id string) string {
 	if err != nil {
 		t.Fatalf("Mounts(%q): %v", id, err)
 	}
-	target, err := os.MkdirTemp("", "layertest-mnt-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Below t's temporary directory, where the leak checker looks.
+	target := t.TempDir()
 	if err := layer.MountOverlay(v, nil, target); err != nil {
 		os.Remove(target)
 		t.Fatalf("mount %q: %v", id, err)
