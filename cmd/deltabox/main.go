@@ -115,6 +115,7 @@ func (a *app) rootCmd() *cobra.Command {
 		a.treeCmd(),
 		a.diffCmd(),
 		a.imageCmd(),
+		a.demoCmd(),
 	)
 	return root
 }
