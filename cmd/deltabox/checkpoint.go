@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -57,37 +58,18 @@ sandbox's head, and it becomes the new head. "checkpoint ls" and
 }
 
 func (a *app) checkpointLsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List checkpoints, parents before children",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			list, err := c.ListCheckpoints(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if a.json {
-				out := make([]checkpointJSON, len(list))
-				for i, ck := range list {
-					out[i] = toCheckpointJSON(ck)
-				}
-				return printJSON(a.stdout, out)
-			}
-			now := time.Now()
-			tw, row := table(a.stdout, "ID", "NAME", "PARENT", "SANDBOX", "CREATED", "PAUSE", "HEAD OF", "LABELS")
-			for _, ck := range list {
-				row(ck.ID, orDash(ck.Name), orDash(ck.Parent), ck.SandboxID, ago(ck.Created, now),
-					humanMs(ck.Pause), orDash(strings.Join(ck.Heads, ",")), labelString(ck.Labels))
-			}
-			return tw.Flush()
+	return listCmd(a, listSpec[deltabox.Checkpoint]{
+		use: "ls", short: "List checkpoints, parents before children",
+		fetch: func(ctx context.Context, c *deltabox.Client) ([]deltabox.Checkpoint, error) {
+			return c.ListCheckpoints(ctx)
 		},
-	}
+		toJSON: func(ck deltabox.Checkpoint) any { return toCheckpointJSON(ck) },
+		header: []string{"ID", "NAME", "PARENT", "SANDBOX", "CREATED", "PAUSE", "HEAD OF", "LABELS"},
+		row: func(ck deltabox.Checkpoint, now time.Time) []any {
+			return []any{ck.ID, orDash(ck.Name), orDash(ck.Parent), ck.SandboxID, ago(ck.Created, now),
+				humanMs(ck.Pause), orDash(strings.Join(ck.Heads, ",")), labelString(ck.Labels)}
+		},
+	})
 }
 
 func (a *app) checkpointRmCmd() *cobra.Command {

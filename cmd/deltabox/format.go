@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	deltabox "github.com/deltabox/deltabox/sdk"
+	"github.com/spf13/cobra"
 )
 
 // Output helpers shared by the commands: JSON for programs, aligned tables,
@@ -157,3 +161,51 @@ type execJSON struct {
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
 func formatFloat(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// listSpec describes a command that lists things: fetch them, then print
+// them as JSON (toJSON may convert each; nil prints them as they are) or as
+// a table for people.
+type listSpec[T any] struct {
+	use, short string
+	fetch      func(ctx context.Context, c *deltabox.Client) ([]T, error)
+	toJSON     func(T) any
+	header     []string
+	row        func(v T, now time.Time) []any
+}
+
+// listCmd builds the command of a listSpec.
+func listCmd[T any](a *app, spec listSpec[T]) *cobra.Command {
+	return &cobra.Command{
+		Use:     spec.use,
+		Aliases: []string{"list"},
+		Short:   spec.short,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client(cmd)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			list, err := spec.fetch(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				out := make([]any, len(list))
+				for i, v := range list {
+					out[i] = any(v)
+					if spec.toJSON != nil {
+						out[i] = spec.toJSON(v)
+					}
+				}
+				return printJSON(a.stdout, out)
+			}
+			now := time.Now()
+			tw, row := table(a.stdout, spec.header...)
+			for _, v := range list {
+				row(spec.row(v, now)...)
+			}
+			return tw.Flush()
+		},
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -45,35 +46,14 @@ func (a *app) imageCmd() *cobra.Command {
 			_, err = fmt.Fprintf(a.stdout, "%s (%s, %s)\n", info.Name, info.Kind, humanSize(info.Size))
 			return err
 		},
-	}, &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List images",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			list, err := c.ListImages(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if a.json {
-				if list == nil {
-					list = []deltabox.ImageInfo{}
-				}
-				return printJSON(a.stdout, list)
-			}
-			now := time.Now()
-			tw, row := table(a.stdout, "NAME", "KIND", "SIZE", "CREATED")
-			for _, im := range list {
-				row(im.Name, im.Kind, humanSize(im.Size), ago(im.Created, now))
-			}
-			return tw.Flush()
+	}, listCmd(a, listSpec[deltabox.ImageInfo]{
+		use: "ls", short: "List images",
+		fetch:  func(ctx context.Context, c *deltabox.Client) ([]deltabox.ImageInfo, error) { return c.ListImages(ctx) },
+		header: []string{"NAME", "KIND", "SIZE", "CREATED"},
+		row: func(im deltabox.ImageInfo, now time.Time) []any {
+			return []any{im.Name, im.Kind, humanSize(im.Size), ago(im.Created, now)}
 		},
-	}, &cobra.Command{
+	}), &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove an imported image",
 		Args:  cobra.ExactArgs(1),

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -9,33 +10,12 @@ import (
 )
 
 func (a *app) lsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List sandboxes",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			list, err := c.List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if a.json {
-				if list == nil {
-					list = []deltabox.SandboxInfo{}
-				}
-				return printJSON(a.stdout, list)
-			}
-			now := time.Now()
-			tw, row := table(a.stdout, "ID", "IMAGE", "STATE", "CREATED", "LABELS")
-			for _, sb := range list {
-				row(sb.ID, sb.Image, sb.State, ago(sb.Created, now), labelString(sb.Labels))
-			}
-			return tw.Flush()
+	return listCmd(a, listSpec[deltabox.SandboxInfo]{
+		use: "ls", short: "List sandboxes",
+		fetch:  func(ctx context.Context, c *deltabox.Client) ([]deltabox.SandboxInfo, error) { return c.List(ctx) },
+		header: []string{"ID", "IMAGE", "STATE", "CREATED", "LABELS"},
+		row: func(sb deltabox.SandboxInfo, now time.Time) []any {
+			return []any{sb.ID, sb.Image, sb.State, ago(sb.Created, now), labelString(sb.Labels)}
 		},
-	}
+	})
 }
