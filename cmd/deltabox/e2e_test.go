@@ -3,42 +3,20 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/deltabox/deltabox/internal/daemon/daemontest"
-	"github.com/deltabox/deltabox/internal/statemgr"
-	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/internal/testutil/sandboxtest"
 )
 
 // TestEndToEndCheckpoint drives the real state manager, served by the real
 // daemon on a unix socket, through the CLI: checkpoint, restore in place,
 // fork, tree, diff and checkpoint rm.
 func TestEndToEndCheckpoint(t *testing.T) {
-	testutil.RequiresRoot(t)
-	testutil.CheckLeaks(t)
-	ctx := context.Background()
-	m, err := statemgr.New(ctx, statemgr.Options{
-		Root: t.TempDir(), CgroupParent: testutil.CgroupParent(), Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatalf("statemgr.New: %v", err)
-	}
-	// Cleanups run in reverse: stop serving, check the tree, close.
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-	})
-	t.Cleanup(func() {
-		if err := m.Fsck(ctx); err != nil {
-			t.Errorf("fsck of the checkpoint tree: %v", err)
-		}
-	})
+	m := sandboxtest.NewManager(t)
 	sock, _ := daemontest.Serve(t, m)
 
 	ok := func(args ...string) string {

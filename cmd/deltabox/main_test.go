@@ -14,20 +14,12 @@ import (
 	"testing"
 
 	"github.com/deltabox/deltabox/internal/daemon/daemontest"
-	"github.com/deltabox/deltabox/internal/sandbox"
-	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/internal/testutil/sandboxtest"
 )
 
 // TestMain lets the end-to-end tests' daemon re-execute this binary as each
-// sandbox's init, and removes the cgroup parent they used.
-func TestMain(m *testing.M) {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
-	}
-	code := m.Run()
-	testutil.RemoveCgroupParent()
-	os.Exit(code)
-}
+// sandbox's init.
+func TestMain(m *testing.M) { sandboxtest.Main(m) }
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 

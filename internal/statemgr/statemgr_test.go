@@ -24,43 +24,14 @@ import (
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
 	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/internal/testutil/sandboxtest"
 )
 
-func TestMain(m *testing.M) {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
-	}
-	code := m.Run()
-	testutil.RemoveCgroupParent()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { sandboxtest.Main(m) }
 
-// newManager opens a manager on a fresh state dir and closes it when the test
-// ends. The leak checker is registered first so that it runs last.
-func newManager(t *testing.T) *statemgr.Manager {
-	t.Helper()
-	testutil.RequiresRoot(t)
-	testutil.CheckLeaks(t)
-	root := t.TempDir()
-	ctx := context.Background()
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: testutil.CgroupParent(), Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatalf("statemgr.New: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-	})
-	// The invariant checker runs after the test's own cleanups (which
-	// delete its sandboxes), before the manager closes.
-	t.Cleanup(func() {
-		if err := m.Fsck(ctx); err != nil {
-			t.Errorf("fsck of the checkpoint tree: %v", err)
-		}
-	})
-	return m
-}
+// newManager opens a manager on a fresh state dir, checked and closed when
+// the test ends.
+func newManager(t *testing.T) *statemgr.Manager { return sandboxtest.NewManager(t) }
 
 func create(t *testing.T, m *statemgr.Manager, cfg sandbox.Config) string {
 	t.Helper()
@@ -520,18 +491,14 @@ func TestRestartRecoversSandboxes(t *testing.T) {
 
 func TestFullDiskIsResourceExhausted(t *testing.T) {
 	testutil.RequiresBtrfs(t)
-	testutil.CheckLeaks(t)
-	root := t.TempDir()
 	ctx := context.Background()
-	layers, err := btrfs.New(filepath.Join(root, "layers"), btrfs.WithImageSize(256<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, Layers: layers, Storage: "btrfs", CgroupParent: testutil.CgroupParent()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) {
+		layers, err := btrfs.New(filepath.Join(o.Root, "layers"), btrfs.WithImageSize(256<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Layers, o.Storage = layers, "btrfs"
+	})
 	in, err := m.CreateSandbox(ctx, sandbox.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -624,21 +591,8 @@ func TestImportedImage(t *testing.T) {
 }
 
 func TestWarmPool(t *testing.T) {
-	testutil.RequiresRoot(t)
-	testutil.CheckLeaks(t)
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { o.WarmPool = 2 })
 	ctx := context.Background()
-	m, err := statemgr.New(ctx, statemgr.Options{Root: t.TempDir(), CgroupParent: testutil.CgroupParent(), WarmPool: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Fsck(ctx); err != nil {
-			t.Errorf("fsck: %v", err)
-		}
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
 	// More creates than the pool holds: some come warm, some cold; all must
 	// be proper, distinct sandboxes with their own limits and files.
 	var ids []string
