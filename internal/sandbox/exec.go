@@ -185,7 +185,15 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	outDone, errDone := copyOutput(&wg, p.stdout, outW), copyOutput(&wg, p.stderr, errW)
 
 	res, waitErr := s.wait(ctx, p, req.Timeout)
-	drain(p, outDone, errDone)
+	if procs, err := p.cg.Procs(); err == nil && len(procs) == 0 {
+		// Nothing else can hold the pipes: read them to the end, however
+		// long a loaded machine takes to deliver it.
+		<-outDone
+		<-errDone
+	} else {
+		// Background processes the command left may keep them open.
+		drain(p, outDone, errDone)
+	}
 	wg.Wait()
 	p.closeHostEnds()
 	res.StdoutTruncated, res.StderrTruncated = outW.truncated, errW.truncated

@@ -119,6 +119,8 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 		IDSlot: r.IDSlot, Config: r.Config, Shell: shell, HasShell: hasShell,
 		Processes: describeProcesses(procs, hasShell),
 	}
+	m.layersMu.RLock()
+	defer m.layersMu.RUnlock()
 	// Flush the layer's dirty data while the sandbox still runs: a btrfs
 	// snapshot flushes what is dirty, and inside the freeze that would make
 	// the pause grow with what the workload wrote since its last
@@ -230,6 +232,8 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: the checkpoint belongs to another tree (fork it instead): %w", id, ckID, errdefs.ErrFailedPrecondition)
 	}
 	began := time.Now()
+	m.layersMu.RLock()
+	defer m.layersMu.RUnlock()
 	active, err := m.layers.Branch(ctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": id}))
 	if err != nil {
 		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
@@ -360,6 +364,8 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 	g.SetLimit(8)
 	for i := range ids {
 		g.Go(func() error {
+			m.layersMu.RLock()
+			defer m.layersMu.RUnlock()
 			// As in a create, the record is written once, when the fork
 			// runs.
 			r := &record{Config: ck.Config, State: sandbox.StateRunning, Created: time.Now().UTC(), IDSlot: ck.IDSlot, Head: ck.ID}
@@ -562,6 +568,8 @@ func (m *Manager) layerOf(id string) (string, error) {
 // gc removes the layers no sandbox or checkpoint references, children first.
 // A layer that still has children is kept for a later pass.
 func (m *Manager) gc(ctx context.Context) []string {
+	m.layersMu.Lock()
+	defer m.layersMu.Unlock()
 	refs := map[string]bool{}
 	recs, _ := m.records()
 	for _, r := range recs {
@@ -597,6 +605,8 @@ func (m *Manager) gc(ctx context.Context) []string {
 // Tests run it after every test.
 func (m *Manager) Fsck(ctx context.Context) error {
 	m.bg.Wait()
+	m.layersMu.Lock()
+	defer m.layersMu.Unlock()
 	var errs []error
 	recs, err := m.records()
 	if err != nil {

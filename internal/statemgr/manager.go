@@ -85,6 +85,13 @@ type Manager struct {
 
 	bg sync.WaitGroup // background removals of replaced layers
 
+	// layersMu orders layer creation against garbage collection: an
+	// operation that makes a layer before a record references it (create,
+	// fork, checkpoint, restore) holds it for reading from the layer's birth
+	// until the record is written; gc and Fsck hold it for writing, so they
+	// never see such a layer as unreferenced.
+	layersMu sync.RWMutex
+
 	// The warm pool (pool.go); nil when off.
 	pool       chan warm
 	refill     chan struct{}
@@ -316,6 +323,8 @@ func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sand
 	}
 	t0 := time.Now()
 	defer func() { m.log.Debug("create", "total_ms", msSince(t0), "err", err) }()
+	m.layersMu.RLock()
+	defer m.layersMu.RUnlock()
 	if _, err := m.images.Get(ctx, cfg.Image); err != nil {
 		return sandbox.Info{}, fmt.Errorf("create sandbox: image %q: %w", cfg.Image, err)
 	}
