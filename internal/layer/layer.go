@@ -171,6 +171,21 @@ type Opt func(*Config) error
 // Config is what Opts set. Backends read it; callers use the With functions.
 type Config struct {
 	Labels map[string]string
+	// Captured, when set, is called by a commit as soon as the content is
+	// captured into the new layer, before the store's own bookkeeping. See
+	// WithCaptured.
+	Captured func()
+}
+
+// WithCaptured has a commit call fn at the instant the content is captured
+// (for btrfs, once the snapshot exists), before the store records the new
+// layer. A caller that froze the writers for the commit lets them go there,
+// so that the freeze does not include the store's metadata write. If the
+// process dies between the two, the unrecorded layer is removed when the
+// store is opened again; the commit was never acknowledged. fn is called at
+// most once, and not at all when the capture fails.
+func WithCaptured(fn func()) Opt {
+	return func(c *Config) error { c.Captured = fn; return nil }
 }
 
 // WithLabels attaches labels to the layer an operation creates.

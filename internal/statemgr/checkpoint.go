@@ -72,9 +72,10 @@ func (m *Manager) opLock(id string) func() {
 
 // commitLive commits a live sandbox's active layer without disturbing its
 // mount: the checkpoint's slow path (processes stay where they are).
-func (m *Manager) commitLive(ctx context.Context, active string, labels map[string]string) (layer.Info, error) {
+// captured is called at the instant of capture (see layer.WithCaptured).
+func (m *Manager) commitLive(ctx context.Context, active string, labels map[string]string, captured func()) (layer.Info, error) {
 	if lc, ok := m.layers.(layer.LiveCommitter); ok {
-		return lc.CommitLive(ctx, active, layer.WithLabels(labels))
+		return lc.CommitLive(ctx, active, layer.WithLabels(labels), layer.WithCaptured(captured))
 	}
 	return layer.Info{}, fmt.Errorf("storage %q cannot commit a live sandbox's layer (use btrfs, or overlay on btrfs): %w", m.storage, errdefs.ErrFailedPrecondition)
 }
@@ -135,12 +136,21 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: freeze: %w", id, err)
 	}
 	frozen := time.Now()
-	committed, cerr := m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID})
-	committedAt := time.Now()
-	terr := sb.Thaw(context.Background())
-	ck.PauseMs = msSince(began)
+	var committedAt time.Time
+	var terr error
+	thawed := false
+	thaw := func() { // at the instant of capture, or after a failure
+		if !thawed {
+			thawed = true
+			committedAt = time.Now()
+			terr = sb.Thaw(context.Background())
+			ck.PauseMs = msSince(began)
+		}
+	}
+	committed, cerr := m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID}, thaw)
+	thaw()
 	m.log.Debug("checkpoint pause", "sandbox", id, "freeze_ms", ms(frozen.Sub(began)),
-		"commit_ms", ms(committedAt.Sub(frozen)), "thaw_ms", ms(time.Since(committedAt)))
+		"commit_ms", ms(committedAt.Sub(frozen)), "pause_ms", ck.PauseMs)
 	if cerr != nil || terr != nil {
 		if cerr == nil {
 			_ = m.layers.Remove(context.Background(), committed.ID)

@@ -530,6 +530,11 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) erro
 	m.mu.Unlock()
 	if sb != nil {
 		if err := sb.Destroy(ctx); err != nil {
+			// Keep it tracked: Destroy is idempotent, and a retry (or the
+			// daemon's close) finishes the teardown.
+			m.mu.Lock()
+			m.live[id] = sb
+			m.mu.Unlock()
 			return fmt.Errorf("delete sandbox %q: %w", id, err)
 		}
 	}

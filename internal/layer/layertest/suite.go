@@ -719,9 +719,18 @@ func testCommitLive(t *testing.T, s layer.Store, root string) {
 	if _, err := f.WriteString("one"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := lc.CommitLive(context.Background(), a.ID)
+	// The capture hook runs once, inside the commit: a write it makes
+	// (as a thawed writer would) does not reach the committed layer.
+	calls := 0
+	c, err := lc.CommitLive(context.Background(), a.ID, layer.WithCaptured(func() {
+		calls++
+		write(t, m+"/in-hook", "x")
+	}))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if calls != 1 {
+		t.Errorf("WithCaptured hook called %d times, want 1", calls)
 	}
 	if _, err := f.WriteString("two"); err != nil {
 		t.Fatal(err)
@@ -732,4 +741,7 @@ func testCommitLive(t *testing.T, s layer.Store, root string) {
 	wantContent(t, cm+"/open", "one")
 	wantContent(t, m+"/open", "onetwo")
 	wantContent(t, m+"/f", "after")
+	if _, err := os.Lstat(cm + "/in-hook"); err == nil {
+		t.Errorf("a write made in the capture hook reached the committed layer")
+	}
 }

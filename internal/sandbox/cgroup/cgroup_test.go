@@ -590,3 +590,42 @@ func TestLoadRemove(t *testing.T) {
 		t.Errorf("Remove(missing) = %v, want nil", err)
 	}
 }
+
+// Regression: Procs of a sandbox cgroup failed with "no such device" when a
+// child cgroup was removed while it walked the tree (a timed-out command's
+// cleanup racing the sandbox's delete).
+func TestProcsWhileChildrenComeAndGo(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.CheckLeaks(t)
+	ctx := context.Background()
+	cg, err := New(ctx, "procs-race", Limits{}, WithParent(testutil.CgroupParent()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Delete(ctx)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ch, err := cg.Child("c" + strconv.Itoa(i))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = ch.Delete(ctx)
+		}
+	}()
+	for i := 0; i < 2000; i++ {
+		if _, err := cg.Procs(); err != nil {
+			t.Fatalf("Procs while children come and go: %v", err)
+		}
+	}
+	close(stop)
+	<-done
+}

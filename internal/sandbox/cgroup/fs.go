@@ -131,7 +131,10 @@ func procsTree(dir string) ([]int, error) {
 	for _, d := range dirs {
 		pids, err := readPids(filepath.Join(d, "cgroup.procs"))
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
+			// A child removed while we walk (a command's cgroup going away
+			// as it ends): ENOENT, or ENODEV from a file opened just
+			// before the rmdir. It has no processes.
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENODEV) {
 				continue
 			}
 			return nil, err

@@ -376,6 +376,9 @@ func (s *Store) LiveCommit(ctx context.Context, active string, opts ...layer.Opt
 		_ = s.b.Destroy(s.dir(c.Dir))
 		return layer.Info{}, fmt.Errorf("commit layer %q live: %w", active, err)
 	}
+	if cfg.Captured != nil {
+		cfg.Captured()
+	}
 	if err := s.save([]*record{c}, nil); err != nil {
 		_ = s.b.Destroy(s.dir(c.Dir))
 		return layer.Info{}, fmt.Errorf("commit layer %q live: %w", active, err)
