@@ -64,15 +64,7 @@ func (s *Sandbox) Exec(ctx context.Context, argv []string, opts ExecOptions) (Ex
 		return ExecResult{}, s.c.err(err)
 	}
 	defer stream.Close()
-	return s.c.output(func() (*v1.ExecResponse, error) {
-		if !stream.Receive() {
-			if err := stream.Err(); err != nil {
-				return nil, err
-			}
-			return nil, io.EOF
-		}
-		return stream.Msg(), nil
-	}, opts.Stdout, opts.Stderr)
+	return s.c.output(receiver(stream), opts.Stdout, opts.Stderr)
 }
 
 // execInteractive runs a command with stdin over the bidirectional RPC. One
@@ -199,7 +191,13 @@ func (s *Sandbox) session(ctx context.Context, kind v1.SessionKind, code string,
 		return ExecResult{}, s.c.err(err)
 	}
 	defer stream.Close()
-	return s.c.output(func() (*v1.ExecResponse, error) {
+	return s.c.output(receiver(stream), opts.Stdout, opts.Stderr)
+}
+
+// receiver adapts a server stream to a receive function that returns io.EOF
+// at its end.
+func receiver[T any](stream *connect.ServerStreamForClient[T]) func() (*T, error) {
+	return func() (*T, error) {
 		if !stream.Receive() {
 			if err := stream.Err(); err != nil {
 				return nil, err
@@ -207,5 +205,5 @@ func (s *Sandbox) session(ctx context.Context, kind v1.SessionKind, code string,
 			return nil, io.EOF
 		}
 		return stream.Msg(), nil
-	}, opts.Stdout, opts.Stderr)
+	}
 }

@@ -87,35 +87,9 @@ take its parent as their head; sandboxes themselves are never removed.`,
 				return err
 			}
 			defer c.Close()
-			type removed struct {
-				ID    string `json:"id"`
-				Error string `json:"error,omitempty"`
-			}
-			var out []removed
-			failed := 0
-			for _, id := range args {
-				err := c.DeleteCheckpoint(cmd.Context(), id, recursive)
-				r := removed{ID: id}
-				if err != nil {
-					failed++
-					r.Error = err.Error()
-					if !a.json {
-						fmt.Fprintf(a.stderr, "deltabox: checkpoint rm %s: %v\n", id, err)
-					}
-				} else if !a.json {
-					fmt.Fprintln(a.stdout, id)
-				}
-				out = append(out, r)
-			}
-			if a.json {
-				if err := printJSON(a.stdout, out); err != nil {
-					return err
-				}
-			}
-			if failed > 0 {
-				return exitCode(exitError)
-			}
-			return nil
+			return a.removeEach("checkpoint rm", args, func(id string) error {
+				return c.DeleteCheckpoint(cmd.Context(), id, recursive)
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&recursive, "recursive", "r", false, "also remove the checkpoints' descendants")

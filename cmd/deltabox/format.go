@@ -209,3 +209,37 @@ func listCmd[T any](a *app, spec listSpec[T]) *cobra.Command {
 		},
 	}
 }
+
+// removeEach removes each id with remove, printing the ids removed (or, with
+// --json, a list of {"id", "error"}); it goes on past failures and exits 1
+// if any failed. what names the command in error messages.
+func (a *app) removeEach(what string, ids []string, remove func(id string) error) error {
+	type removed struct {
+		ID    string `json:"id"`
+		Error string `json:"error,omitempty"`
+	}
+	var out []removed
+	failed := 0
+	for _, id := range ids {
+		r := removed{ID: id}
+		if err := remove(id); err != nil {
+			failed++
+			r.Error = err.Error()
+			if !a.json {
+				fmt.Fprintf(a.stderr, "deltabox: %s %s: %v\n", what, id, err)
+			}
+		} else if !a.json {
+			fmt.Fprintln(a.stdout, id)
+		}
+		out = append(out, r)
+	}
+	if a.json {
+		if err := printJSON(a.stdout, out); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return exitCode(exitError)
+	}
+	return nil
+}

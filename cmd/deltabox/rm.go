@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 
 	deltabox "github.com/deltabox/deltabox/sdk"
@@ -20,35 +18,9 @@ func (a *app) rmCmd() *cobra.Command {
 				return err
 			}
 			defer c.Close()
-			type removed struct {
-				ID    string `json:"id"`
-				Error string `json:"error,omitempty"`
-			}
-			var out []removed
-			failed := 0
-			for _, id := range args {
-				err := c.Sandbox(id).Delete(cmd.Context(), deltabox.DeleteOptions{Force: force})
-				r := removed{ID: id}
-				if err != nil {
-					failed++
-					r.Error = err.Error()
-					if !a.json {
-						fmt.Fprintf(a.stderr, "deltabox: rm %s: %v\n", id, err)
-					}
-				} else if !a.json {
-					fmt.Fprintln(a.stdout, id)
-				}
-				out = append(out, r)
-			}
-			if a.json {
-				if err := printJSON(a.stdout, out); err != nil {
-					return err
-				}
-			}
-			if failed > 0 {
-				return exitCode(exitError)
-			}
-			return nil
+			return a.removeEach("rm", args, func(id string) error {
+				return c.Sandbox(id).Delete(cmd.Context(), deltabox.DeleteOptions{Force: force})
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "kill running commands first")
