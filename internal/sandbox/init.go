@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -67,6 +68,7 @@ func runInit() error {
 	st := &initState{c: c, children: map[int]bool{}}
 
 	m, files, err := c.Recv()
+	recvAt := time.Now()
 	if err != nil {
 		return fmt.Errorf("receive config: %w", err)
 	}
@@ -108,7 +110,8 @@ func runInit() error {
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, unix.SIGCHLD)
 	go st.reap(sigs)
-	if err := c.Send(message{Op: opReady, ID: m.ID, Trace: strings.Join(tr.steps, " ")}); err != nil {
+	tr.step("reaper")
+	if err := c.Send(message{Op: opReady, ID: m.ID, Trace: strings.Join(tr.steps, " ") + fmt.Sprintf(" recv_at=%d send_at=%d", recvAt.UnixMicro(), time.Now().UnixMicro())}); err != nil {
 		return err
 	}
 	for {

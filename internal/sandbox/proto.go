@@ -85,7 +85,16 @@ func newConn(f *os.File) (*conn, error) {
 	return &conn{fd: fd}, nil
 }
 
+// Close closes the connection's fd. Only the goroutine that calls Recv may
+// call it (or anyone, when nothing calls Recv): a Recv blocked on an fd that
+// another goroutine closes is restarted by a signal on the fd number, which
+// by then may belong to another sandbox's connection, whose messages it
+// would steal. Others call Shutdown.
 func (c *conn) Close() error { return unix.Close(c.fd) }
+
+// Shutdown wakes a Recv blocked on the connection (it returns errClosed)
+// and makes further Sends fail, without giving up the fd number.
+func (c *conn) Shutdown() error { return unix.Shutdown(c.fd, unix.SHUT_RDWR) }
 
 // Send sends m with files attached. It does not close the files.
 func (c *conn) Send(m message, files ...*os.File) error {

@@ -328,6 +328,8 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 		return err
 	}
 	sb.c = c
+	// The read loop owns the fd from here on and closes it when it ends.
+	go sb.readLoop()
 	pid := cmd.Process.Pid
 	// The daemon's memory matters more than the init's, and the init more
 	// than the workload: never let the OOM killer pick the init.
@@ -336,7 +338,6 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 		sb.killInit()
 		return err
 	}
-	go sb.readLoop()
 	go func() { _ = cmd.Wait(); sb.markDead() }()
 	return nil
 }
@@ -359,7 +360,9 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) err
 		defer home.Close()
 	}
 	cfg := &initConfig{Hostname: spec.Hostname, Seccomp: r.seccomp}
+	sentAt := time.Now()
 	reply, err := sb.request(ctx, message{Op: opConfig, Config: cfg}, files...)
+	sb.log.Debug("init exchange", "sent_at", sentAt.UnixMicro(), "reply_at", time.Now().UnixMicro())
 	if err != nil {
 		return fmt.Errorf("init setup: %w", err)
 	}
@@ -404,6 +407,7 @@ func idmapMount(dir, target string, userns *os.File) error {
 
 // readLoop dispatches the init's messages: answers to requests and exits.
 func (s *Sandbox) readLoop() {
+	defer s.c.Close()
 	for {
 		m, files, err := s.c.Recv()
 		closeFiles(files) // the init never sends files; drop any it forges
@@ -529,7 +533,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Unlock()
 	var errs []error
 	if s.c != nil {
-		s.c.Close()
+		_ = s.c.Shutdown() // the read loop closes the fd (see conn.Close)
 	}
 	s.killInit()
 	s.bg.Wait()

@@ -379,14 +379,13 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 			// As in a create, the record is written once, when the fork
 			// runs.
 			r := &record{Config: ck.Config, State: sandbox.StateRunning, Created: time.Now().UTC(), IDSlot: ck.IDSlot, Head: ck.ID}
-			if err := m.db.View(func(tx *bolt.Tx) error {
-				m.mu.Lock()
-				defer m.mu.Unlock()
-				r.ID = m.freshID(tx)
-				return nil
-			}); err != nil {
+			_, taken, err := m.usedIDs()
+			if err != nil {
 				return err
 			}
+			m.mu.Lock()
+			r.ID = m.freshID(taken)
+			m.mu.Unlock()
 			active, err := m.layers.Branch(gctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": r.ID}))
 			if err != nil {
 				m.dropInflight(r.ID)

@@ -335,6 +335,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sand
 	r := &record{Config: cfg, State: sandbox.StateRunning, Created: time.Now().UTC()}
 	w, warmOK := m.takeWarm()
 	if warmOK {
+		defer m.kickRefill()
 		r.ID, r.IDSlot = w.id, w.slot
 	} else if r.ID, r.IDSlot, err = m.reserve(); err != nil {
 		return sandbox.Info{}, err
@@ -643,50 +644,63 @@ func (m *Manager) RemoveImage(ctx context.Context, name string) error {
 	return m.images.Remove(ctx, name)
 }
 
-// reserve picks a fresh sandbox id and a free id range for the warm pool,
-// without storing a record: the range is held in memory until a create
-// takes it (or the pool drops it).
+// reserve picks a fresh sandbox id and a free id range (a new tree),
+// without storing a record: both are held in memory until the record is
+// written (or the caller lets them go).
 func (m *Manager) reserve() (id string, slot int, err error) {
+	used, ids, err := m.usedIDs()
+	if err != nil {
+		return "", 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	slot = -1
+	for k := 0; k < maxIDKs; k++ {
+		if !used[k] && !m.reserved[k] {
+			slot = k
+			break
+		}
+	}
+	if slot < 0 {
+		return "", 0, fmt.Errorf("all %d id ranges in use: %w", maxIDKs, errdefs.ErrResourceExhausted)
+	}
+	m.reserved[slot] = true
+	return m.freshID(ids), slot, nil
+}
+
+// usedIDs reads the id ranges and sandbox ids the records hold. (m.mu is
+// never taken inside a transaction: a bbolt writer waiting to remap would
+// deadlock with a holder of m.mu opening a read transaction.)
+func (m *Manager) usedIDs() (slots map[int]bool, ids map[string]bool, err error) {
+	slots, ids = map[int]bool{}, map[string]bool{}
 	err = m.db.View(func(tx *bolt.Tx) error {
-		used := map[int]bool{}
 		for _, bucket := range [][]byte{bucketSandboxes, bucketCheckpoints} {
-			if err := tx.Bucket(bucket).ForEach(func(_, v []byte) error {
+			if err := tx.Bucket(bucket).ForEach(func(k, v []byte) error {
 				var o struct {
 					IDSlot int `json:"idslot"`
 				}
 				if json.Unmarshal(v, &o) == nil {
-					used[o.IDSlot] = true
+					slots[o.IDSlot] = true
+				}
+				if bucket[0] == bucketSandboxes[0] {
+					ids[string(k)] = true
 				}
 				return nil
 			}); err != nil {
 				return err
 			}
 		}
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		slot = -1
-		for k := 0; k < maxIDKs; k++ {
-			if !used[k] && !m.reserved[k] {
-				slot = k
-				break
-			}
-		}
-		if slot < 0 {
-			return fmt.Errorf("warm pool: all %d id ranges in use: %w", maxIDKs, errdefs.ErrResourceExhausted)
-		}
-		m.reserved[slot] = true
-		id = m.freshID(tx)
 		return nil
 	})
-	return id, slot, err
+	return slots, ids, err
 }
 
-// freshID returns a sandbox id that no record and no sandbox in flight has.
-// The caller holds m.mu.
-func (m *Manager) freshID(tx *bolt.Tx) string {
+// freshID returns a sandbox id that no record (ids) and no sandbox in
+// flight has, and marks it in flight. The caller holds m.mu.
+func (m *Manager) freshID(ids map[string]bool) string {
 	for {
 		id := newID("sb-")
-		if tx.Bucket(bucketSandboxes).Get([]byte(id)) == nil && !m.inflight[id] {
+		if !ids[id] && !m.inflight[id] {
 			m.inflight[id] = true
 			return id
 		}

@@ -622,3 +622,27 @@ func TestWarmPool(t *testing.T) {
 		}
 	}
 }
+
+// Regression: a sandbox's read loop, blocked on its control socket when the
+// socket was closed, was restarted by a signal on the same fd number, by
+// then another sandbox's socket, and stole that sandbox's "ready": creates
+// hung after a few dozen create/delete cycles. The fd now belongs to the
+// read loop alone.
+func TestCreateDeleteChurn(t *testing.T) {
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { o.WarmPool = 2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for i := 0; i < 40; i++ {
+		in, err := m.CreateSandbox(ctx, sandbox.Config{})
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		var out bytes.Buffer
+		if _, err := m.Exec(ctx, in.ID, sandbox.ExecRequest{Argv: []string{"echo", strconv.Itoa(i)}, Stdout: &out}); err != nil || out.String() != strconv.Itoa(i)+"\n" {
+			t.Fatalf("exec %d: %q %v", i, out.String(), err)
+		}
+		if err := m.DeleteSandbox(ctx, in.ID, true); err != nil {
+			t.Fatalf("delete %d: %v", i, err)
+		}
+	}
+}
