@@ -51,15 +51,20 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 
 	tr := newTrace(ctx)
 	defer tr.done(s.log, "reroot")
-	// 1. Kill every process but the init, race-free: frozen, nothing can
-	//    fork; the kills land at the thaw. They need not be dead before the
-	//    pivot (what they still write goes to the old root, which is
-	//    dropped); their cgroups are removed in the background.
+	// 1. Kill every process but the init, race-free: idle sessions cannot
+	//    fork, anything else is frozen first and the kills land at the
+	//    thaw. They need not be dead before the pivot (what they still
+	//    write goes to the old root, which is dropped); their cgroups are
+	//    removed in the background.
+	if !killIdleSessions(s, sessions, children) {
+		if err := s.killAllButInit(ctx); err != nil {
+			return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
+		}
+	}
+	// After the kill: a session whose stdin closes first may exit by
+	// itself, which would make it look busy to killIdleSessions.
 	for _, ss := range sessions {
 		ss.closePipes()
-	}
-	if err := s.killAllButInit(ctx); err != nil {
-		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
 	}
 	go func() {
 		for _, cg := range children {
@@ -115,6 +120,40 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		_ = os.Remove(old)
 	}()
 	return nil
+}
+
+// killIdleSessions kills the sandbox's processes without a freeze when they
+// are only idle sessions: no command runs (children holds only the
+// sessions' cgroups), no session call is in flight (each session's lock is
+// free), and each session is one process, blocked reading its next snippet,
+// which cannot fork. It reports false, having done nothing, otherwise.
+func killIdleSessions(s *Sandbox, sessions map[SessionKind]*session, children map[string]cgroup.Cgroup) bool {
+	if len(children) != len(sessions) {
+		return false
+	}
+	var pids []int
+	for _, ss := range sessions {
+		if !ss.mu.TryLock() {
+			return false
+		}
+		defer ss.mu.Unlock()
+		if children["session-"+ss.kind.String()] != ss.p.cg {
+			return false
+		}
+		p, err := ss.p.cg.Procs()
+		if err != nil || len(p) != 1 {
+			return false
+		}
+		pids = append(pids, p[0])
+	}
+	all, err := s.cg.Procs()
+	if err != nil || len(all) != len(pids)+1 {
+		return false
+	}
+	for _, p := range pids {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	return true
 }
 
 // killAllButInit sends SIGKILL to every process of the sandbox but its init,

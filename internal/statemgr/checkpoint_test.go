@@ -124,6 +124,11 @@ func TestSessionStateAcrossRestore(t *testing.T) {
 	session(t, m, id, sandbox.SessionShell, `cd /; unset E V ARR; unset -f f; unalias hi; set +o noclobber; trap - USR1; umask 022`)
 
 	res := restore(t, m, id, ck.ID)
+	// The old sessions (idle: killed without a freeze) are gone, and the
+	// replay is lazy: no session runs until the next call.
+	if r := sh(t, m, id, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -c -e '^bash --noprofile --norc $' -e '^python3 -u -q -c' || true"); strings.TrimSpace(r.stdout) != "0" {
+		t.Errorf("sessions alive right after restore: %q", r.stdout)
+	}
 	paths = map[string]daemon.ProcessPath{}
 	for _, p := range res.Processes {
 		paths[p.Name] = p.Path
