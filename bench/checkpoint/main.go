@@ -111,12 +111,30 @@ sync`, n)
 			pause = append(pause, time.Duration(ck.PauseMs*float64(time.Millisecond)))
 			cks = append(cks, ck.ID)
 		}
+		// Restore to another (older) checkpoint each time: a walk of the tree.
 		for i := 0; i < runs; i++ {
 			t0 := time.Now()
 			if _, err := m.Restore(ctx, in.ID, cks[i%len(cks)]); err != nil {
 				return err
 			}
 			restore = append(restore, time.Since(t0))
+		}
+		// Roll back a failed step: checkpoint, change, restore to it (the
+		// agent's common case), with the pause an agent step leaves.
+		var rollback []time.Duration
+		for i := 0; i < runs; i++ {
+			ck, err := m.Checkpoint(ctx, in.ID, daemon.CheckpointOptions{})
+			if err != nil {
+				return err
+			}
+			cks = append(cks, ck.ID)
+			_, _ = m.Exec(ctx, in.ID, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo bad > /work/step"}})
+			time.Sleep(20 * time.Millisecond)
+			t0 := time.Now()
+			if _, err := m.Restore(ctx, in.ID, ck.ID); err != nil {
+				return err
+			}
+			rollback = append(rollback, time.Since(t0))
 		}
 		// Baselines on the same bytes: the sandbox's writable layer (its
 		// root as the host sees it, /work only).
@@ -125,7 +143,8 @@ sync`, n)
 		rows = append(rows,
 			mk("checkpoint pause", n, pause, ""),
 			mk("checkpoint call", n, ckTotal, "incl. shell state capture"),
-			mk("restore in place", n, restore, "incl. shell state replay"),
+			mk("restore, tree walk", n, restore, "to an older checkpoint"),
+			mk("rollback to head", n, rollback, "checkpoint, change, restore"),
 			mk("cp -a workspace", n, cp, "baseline"),
 			mk("tar workspace", n, tarT, "baseline"),
 		)

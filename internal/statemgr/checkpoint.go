@@ -174,6 +174,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 	}); err != nil {
 		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: store: %w", id, err)
 	}
+	m.makeSpare(id, ck.ID, ck.Layer)
 	return m.ckInfo(ck, []string{id}), nil
 }
 
@@ -244,8 +245,10 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	began := time.Now()
 	m.layersMu.RLock()
 	defer m.layersMu.RUnlock()
-	active, err := m.layers.Branch(ctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": id}))
-	if err != nil {
+	var active layer.Info
+	if l, ok := m.takeSpare(id, ckID); ok {
+		active.ID = l
+	} else if active, err = m.layers.Branch(ctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": id})); err != nil {
 		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
 	}
 	oldLayer, oldHead := r.Layer, r.Head
@@ -297,6 +300,7 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 		}
 	}
 	res.RestoreMs = msSince(began)
+	m.makeSpare(id, ckID, ck.Layer) // for the next rollback to the same place
 	m.log.Debug("restore done", "sandbox", id, "replay_ms", ms(time.Since(replayAt)), "total_ms", res.RestoreMs)
 	// The old layer goes once its overlay is detached, off the critical path.
 	m.bg.Add(1)
@@ -535,6 +539,8 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, id string, recursive boo
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", id, err)
 	}
+	m.bg.Wait() // a spare of one of them may be in the making
+	m.dropSpares(ctx, func(_ string, sp spare) bool { return doomed[sp.checkpoint] })
 	m.gc(ctx)
 	return nil
 }
@@ -588,6 +594,9 @@ func (m *Manager) gc(ctx context.Context) []string {
 	for _, ck := range cks {
 		refs[ck.Layer] = true
 	}
+	for _, l := range m.spareLayers() {
+		refs[l] = true
+	}
 	var removed []string
 	for progress := true; progress; {
 		progress = false
@@ -638,6 +647,9 @@ func (m *Manager) Fsck(ctx context.Context) error {
 		if ck.Parent != "" && ckByID[ck.Parent] == nil {
 			errs = append(errs, fmt.Errorf("checkpoint %s: parent %s missing", ck.ID, ck.Parent))
 		}
+	}
+	for _, l := range m.spareLayers() {
+		refs[l] = true
 	}
 	for _, r := range recs {
 		refs[r.Layer] = true

@@ -97,7 +97,8 @@ type Manager struct {
 	refill     chan struct{}
 	poolCancel context.CancelFunc
 	poolDone   sync.WaitGroup
-	reserved   map[int]bool    // id ranges held for sandboxes not yet stored (guarded by mu)
+	spares     map[string]spare // spare branch of each sandbox's head (spare.go; guarded by mu)
+	reserved   map[int]bool     // id ranges held for sandboxes not yet stored (guarded by mu)
 	inflight   map[string]bool // ids handed out, not yet stored or dropped (guarded by mu)
 }
 
@@ -119,7 +120,7 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 		return nil, fmt.Errorf("open state %q: %w", opts.Root, err)
 	}
 	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{},
-		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}}
+		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]spare{}}
 	var closers []io.Closer
 	defer func() {
 		if err != nil {
@@ -204,6 +205,7 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.bg.Wait()
+	m.dropSpares(context.Background(), func(string, spare) bool { return true })
 	if c, ok := m.images.(io.Closer); ok {
 		errs = append(errs, c.Close())
 	}
@@ -539,7 +541,8 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) erro
 			return fmt.Errorf("delete sandbox %q: %w", id, err)
 		}
 	}
-	m.bg.Wait() // a restore's old layer may still be on its way out
+	m.bg.Wait() // a restore's old layer, or a spare, may still be on its way
+	m.dropSpares(ctx, func(sb string, _ spare) bool { return sb == id })
 	if err := m.removeRecord(ctx, r); err != nil {
 		return err
 	}
