@@ -99,7 +99,7 @@ type Manager struct {
 	poolDone   sync.WaitGroup
 	spares     map[string]spare // spare branch of each sandbox's head (spare.go; guarded by mu)
 	reserved   map[int]bool     // id ranges held for sandboxes not yet stored (guarded by mu)
-	inflight   map[string]bool // ids handed out, not yet stored or dropped (guarded by mu)
+	inflight   map[string]bool  // ids handed out, not yet stored or dropped (guarded by mu)
 }
 
 var _ daemon.Backend = (*Manager)(nil)
