@@ -114,14 +114,11 @@ func (s *sandboxExec) Shell(ctx context.Context, code string, opts SessionOption
 }
 
 func (s *sandboxExec) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	if err := s.lock(); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	abs, err := resolve(SandboxWorkspace, p)
+	abs, unlock, err := s.enter(p)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	b, err := s.sb.ReadFile(ctx, abs)
 	if err != nil {
 		return nil, fmt.Errorf("read %q: %w", p, err)
@@ -130,14 +127,11 @@ func (s *sandboxExec) ReadFile(ctx context.Context, p string) ([]byte, error) {
 }
 
 func (s *sandboxExec) WriteFile(ctx context.Context, p string, data []byte, perm fs.FileMode) error {
-	if err := s.lock(); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	abs, err := resolve(SandboxWorkspace, p)
+	abs, unlock, err := s.enter(p)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	if err := s.sb.WriteFile(ctx, abs, data, perm); err != nil {
 		return fmt.Errorf("write %q: %w", p, err)
 	}
@@ -145,14 +139,11 @@ func (s *sandboxExec) WriteFile(ctx context.Context, p string, data []byte, perm
 }
 
 func (s *sandboxExec) ListDir(ctx context.Context, p string) ([]FileInfo, error) {
-	if err := s.lock(); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	abs, err := resolve(SandboxWorkspace, p)
+	abs, unlock, err := s.enter(p)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	ents, err := s.sb.ListDir(ctx, abs)
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", p, err)
@@ -165,14 +156,11 @@ func (s *sandboxExec) ListDir(ctx context.Context, p string) ([]FileInfo, error)
 }
 
 func (s *sandboxExec) Stat(ctx context.Context, p string) (FileInfo, error) {
-	if err := s.lock(); err != nil {
-		return FileInfo{}, err
-	}
-	defer s.mu.Unlock()
-	abs, err := resolve(SandboxWorkspace, p)
+	abs, unlock, err := s.enter(p)
 	if err != nil {
 		return FileInfo{}, err
 	}
+	defer unlock()
 	fi, err := s.sb.Stat(ctx, abs)
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("stat %q: %w", p, err)
@@ -181,14 +169,11 @@ func (s *sandboxExec) Stat(ctx context.Context, p string) (FileInfo, error) {
 }
 
 func (s *sandboxExec) Remove(ctx context.Context, p string, recursive bool) error {
-	if err := s.lock(); err != nil {
-		return err
-	}
-	defer s.mu.Unlock()
-	abs, err := resolve(SandboxWorkspace, p)
+	abs, unlock, err := s.enter(p)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	if abs == SandboxWorkspace {
 		return fmt.Errorf("remove %q: the workspace itself: %w", p, errdefs.ErrInvalidArgument)
 	}
@@ -265,4 +250,17 @@ func (s *sandboxExec) DeleteCheckpoint(ctx context.Context, id string) error {
 
 func sdkFileInfo(fi deltabox.FileInfo, relPath string) FileInfo {
 	return FileInfo{Name: fi.Name, Path: relPath, Size: fi.Size, Mode: fi.Mode, ModTime: fi.ModTime}
+}
+
+// enter locks the executor for one call and resolves p in the sandbox's
+// workspace; the caller defers unlock.
+func (s *sandboxExec) enter(p string) (abs string, unlock func(), err error) {
+	if err := s.lock(); err != nil {
+		return "", nil, err
+	}
+	if abs, err = resolve(SandboxWorkspace, p); err != nil {
+		s.mu.Unlock()
+		return "", nil, err
+	}
+	return abs, s.mu.Unlock, nil
 }

@@ -164,15 +164,11 @@ func (l *local) Shell(ctx context.Context, code string, opts SessionOptions) (Ex
 }
 
 func (l *local) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.open(); err != nil {
-		return nil, err
-	}
-	n, err := l.name(p)
+	n, unlock, err := l.enter(p)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	b, err := l.root.ReadFile(n)
 	if err != nil {
 		return nil, fmt.Errorf("read %q: %w", p, fsErr(err))
@@ -181,15 +177,11 @@ func (l *local) ReadFile(ctx context.Context, p string) ([]byte, error) {
 }
 
 func (l *local) WriteFile(ctx context.Context, p string, data []byte, perm fs.FileMode) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.open(); err != nil {
-		return err
-	}
-	n, err := l.name(p)
+	n, unlock, err := l.enter(p)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	if perm == 0 {
 		perm = 0o644
 	}
@@ -212,15 +204,11 @@ func (l *local) WriteFile(ctx context.Context, p string, data []byte, perm fs.Fi
 }
 
 func (l *local) ListDir(ctx context.Context, p string) ([]FileInfo, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.open(); err != nil {
-		return nil, err
-	}
-	n, err := l.name(p)
+	n, unlock, err := l.enter(p)
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	f, err := l.root.Open(n)
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", p, fsErr(err))
@@ -243,15 +231,11 @@ func (l *local) ListDir(ctx context.Context, p string) ([]FileInfo, error) {
 }
 
 func (l *local) Stat(ctx context.Context, p string) (FileInfo, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.open(); err != nil {
-		return FileInfo{}, err
-	}
-	n, err := l.name(p)
+	n, unlock, err := l.enter(p)
 	if err != nil {
 		return FileInfo{}, err
 	}
+	defer unlock()
 	fi, err := l.root.Lstat(n)
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("stat %q: %w", p, fsErr(err))
@@ -260,15 +244,11 @@ func (l *local) Stat(ctx context.Context, p string) (FileInfo, error) {
 }
 
 func (l *local) Remove(ctx context.Context, p string, recursive bool) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.open(); err != nil {
-		return err
-	}
-	n, err := l.name(p)
+	n, unlock, err := l.enter(p)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	if n == "." {
 		return fmt.Errorf("remove %q: the workspace itself: %w", p, errdefs.ErrInvalidArgument)
 	}
@@ -488,4 +468,19 @@ func (s *localSession) scan(q []byte, w io.Writer, withCode bool) (rest []byte, 
 		exit, _ = strconv.Atoi(strings.TrimSpace(line))
 	}
 	return q[i+nl+1:], exit, true
+}
+
+// enter locks the executor for one call and resolves p in its workspace; the
+// caller defers unlock.
+func (l *local) enter(p string) (name string, unlock func(), err error) {
+	l.mu.Lock()
+	if err := l.open(); err != nil {
+		l.mu.Unlock()
+		return "", nil, err
+	}
+	if name, err = l.name(p); err != nil {
+		l.mu.Unlock()
+		return "", nil, err
+	}
+	return name, l.mu.Unlock, nil
 }
