@@ -157,7 +157,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	s.execs++
 	n := s.execs
 	s.mu.Unlock()
-	p, err := s.start(ctx, req.Argv, mergeEnv(s.env, req.Env), cwd, "exec-"+strconv.Itoa(n), req.Stdin != nil)
+	p, err := s.start(ctx, req.Argv, MergeEnv(s.env, req.Env), cwd, "exec-"+strconv.Itoa(n), req.Stdin != nil)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			// Like a shell: a missing command is exit code 127, not a failure
@@ -281,8 +281,8 @@ func (s *Sandbox) defaultWorkdir() string {
 	return "/work"
 }
 
-// mergeEnv returns base with over's variables replacing or added.
-func mergeEnv(base, over []string) []string {
+// MergeEnv returns base with over's variables (K=V) replacing or added.
+func MergeEnv(base, over []string) []string {
 	out := make([]string, 0, len(base)+len(over))
 	idx := map[string]int{}
 	for _, list := range [][]string{base, over} {

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -68,7 +67,6 @@ func runInit() error {
 	st := &initState{c: c, children: map[int]bool{}}
 
 	m, files, err := c.Recv()
-	recvAt := time.Now()
 	if err != nil {
 		return fmt.Errorf("receive config: %w", err)
 	}
@@ -111,7 +109,7 @@ func runInit() error {
 	signal.Notify(sigs, unix.SIGCHLD)
 	go st.reap(sigs)
 	tr.step("reaper")
-	if err := c.Send(message{Op: opReady, ID: m.ID, Trace: strings.Join(tr.steps, " ") + fmt.Sprintf(" recv_at=%d send_at=%d", recvAt.UnixMicro(), time.Now().UnixMicro())}); err != nil {
+	if err := c.Send(message{Op: opReady, ID: m.ID, Trace: strings.Join(tr.steps, " ")}); err != nil {
 		return err
 	}
 	for {

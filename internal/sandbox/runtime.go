@@ -153,9 +153,6 @@ func (s *Sandbox) Rootfs() string {
 // InitPid returns the host pid of the sandbox's init.
 func (s *Sandbox) InitPid() int { return s.init.Process.Pid }
 
-// Cgroup returns the sandbox's cgroup.
-func (s *Sandbox) Cgroup() cgroup.Cgroup { return s.cg }
-
 // Start starts a sandbox. On failure everything it did is undone.
 func (r *Runtime) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	sb, err := r.Prepare(ctx, spec.ID, spec.IDs, spec.Limits)
@@ -360,9 +357,7 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) err
 		defer home.Close()
 	}
 	cfg := &initConfig{Hostname: spec.Hostname, Seccomp: r.seccomp}
-	sentAt := time.Now()
 	reply, err := sb.request(ctx, message{Op: opConfig, Config: cfg}, files...)
-	sb.log.Debug("init exchange", "sent_at", sentAt.UnixMicro(), "reply_at", time.Now().UnixMicro())
 	if err != nil {
 		return fmt.Errorf("init setup: %w", err)
 	}
@@ -540,24 +535,25 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	if err := s.cg.Delete(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	roots, _ := filepath.Glob(filepath.Join(s.dir, "rootfs*"))
-	for _, r := range roots {
-		if err := unmountIfMounted(r); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, l := range s.lowers {
-		if err := unmountIfMounted(l); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := os.RemoveAll(s.dir); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, removeRunDir(s.dir))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy sandbox %q: %w", s.id, err)
 	}
 	return nil
+}
+
+// removeRunDir unmounts what a sandbox's run directory holds (its roots,
+// the current one and any a restore left, and the image lowers) and removes
+// it.
+func removeRunDir(dir string) error {
+	var errs []error
+	mounts, _ := filepath.Glob(filepath.Join(dir, "rootfs*"))
+	lowers, _ := filepath.Glob(filepath.Join(dir, "lower*"))
+	for _, m := range append(mounts, lowers...) {
+		errs = append(errs, unmountIfMounted(m))
+	}
+	errs = append(errs, os.RemoveAll(dir))
+	return errors.Join(errs...)
 }
 
 func unmountIfMounted(target string) error {
@@ -583,24 +579,7 @@ func (r *Runtime) CleanOrphans(ctx context.Context) ([]string, error) {
 			continue
 		}
 		dir := filepath.Join(r.runDir, e.Name())
-		roots, _ := filepath.Glob(filepath.Join(dir, "rootfs*"))
-		for _, r := range roots {
-			if err := unmountIfMounted(r); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		lowers, _ := filepath.Glob(filepath.Join(dir, "lower*"))
-		for _, l := range lowers {
-			if err := unmountIfMounted(l); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if err := cgroup.Remove(ctx, e.Name(), cgroup.WithParent(r.cgParent)); err != nil {
-			errs = append(errs, err)
-		}
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, cgroup.Remove(ctx, e.Name(), cgroup.WithParent(r.cgParent)), removeRunDir(dir))
 		removed = append(removed, e.Name())
 	}
 	return removed, errors.Join(errs...)

@@ -101,18 +101,6 @@ func (s *Sandbox) replayPending(ctx context.Context, ss *session) error {
 	return nil
 }
 
-// Sessions lists the kinds of the sessions that run now.
-func (s *Sandbox) Sessions() []SessionKind {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []SessionKind
-	for k := range s.sess {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
-
 // Process is a workload process as the host sees it.
 type Process struct {
 	Pid     int // host pid

@@ -374,6 +374,12 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 			}
 		}
 	}()
+	// The ids records hold, read once: freshID marks each id it hands out
+	// in flight, so the forks cannot collide with each other either.
+	_, taken, err := m.usedIDs()
+	if err != nil {
+		return daemon.ForkResult{}, err
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for i := range ids {
@@ -383,10 +389,6 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 			// As in a create, the record is written once, when the fork
 			// runs.
 			r := &record{Config: ck.Config, State: sandbox.StateRunning, Created: time.Now().UTC(), IDSlot: ck.IDSlot, Head: ck.ID}
-			_, taken, err := m.usedIDs()
-			if err != nil {
-				return err
-			}
 			m.mu.Lock()
 			r.ID = m.freshID(taken)
 			m.mu.Unlock()
@@ -479,7 +481,7 @@ func (m *Manager) Tree(ctx context.Context, id string) (daemon.Tree, error) {
 	}
 	m.mu.Lock()
 	for _, r := range recs {
-		if r.State != sandbox.StateCreating && (slot < 0 || r.IDSlot == slot) {
+		if slot < 0 || r.IDSlot == slot {
 			t.Sandboxes = append(t.Sandboxes, m.info(r, m.live[r.ID]))
 		}
 	}
@@ -692,7 +694,7 @@ func (m *Manager) heads() map[string][]string {
 	out := map[string][]string{}
 	recs, _ := m.records()
 	for _, r := range recs {
-		if r.Head != "" && r.State != sandbox.StateCreating {
+		if r.Head != "" {
 			out[r.Head] = append(out[r.Head], r.ID)
 		}
 	}

@@ -68,6 +68,13 @@ func (r *record) ids() sandbox.IDMap {
 	return sandbox.IDMap{HostBase: uint32(idBase + r.IDSlot*idSize), Size: idSize}
 }
 
+// openFiles opens the sandbox's root for file operations from the host, with
+// the sandbox's ids.
+func (r *record) openFiles(sb *sandbox.Sandbox) (*safefs.Root, error) {
+	ids := r.ids()
+	return safefs.Open(sb.Rootfs(), safefs.IDMap{HostBase: ids.HostBase, Size: ids.Size})
+}
+
 // Manager implements daemon.Backend. It is safe for concurrent use.
 type Manager struct {
 	root    string
@@ -227,21 +234,16 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Every stored sandbox was running (a record is written once it runs):
+	// its processes are gone, its filesystem is not.
 	for _, r := range recs {
-		switch r.State {
-		case sandbox.StateCreating:
-			// Never acknowledged: undo it.
-			m.log.Warn("removing half-created sandbox", "sandbox", r.ID)
-			_ = m.removeRecord(ctx, r)
-		case sandbox.StateRunning, sandbox.StateStopped:
-			if _, err := m.startRecord(ctx, r); err != nil {
-				m.log.Warn("sandbox lost: its processes are gone and it could not be restarted", "sandbox", r.ID, "err", err)
-				r.State = sandbox.StateStopped
-				_ = m.put(r)
-				continue
-			}
-			m.log.Info("sandbox recovered: filesystem kept, processes restarted", "sandbox", r.ID)
+		if _, err := m.startRecord(ctx, r); err != nil {
+			m.log.Warn("sandbox lost: its processes are gone and it could not be restarted", "sandbox", r.ID, "err", err)
+			r.State = sandbox.StateStopped
+			_ = m.put(r)
+			continue
 		}
+		m.log.Info("sandbox recovered: filesystem kept, processes restarted", "sandbox", r.ID)
 	}
 	for _, l := range m.gc(ctx) {
 		m.log.Warn("removed an orphan layer no sandbox or checkpoint references", "layer", l)
@@ -330,7 +332,6 @@ func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sand
 	if _, err := m.images.Get(ctx, cfg.Image); err != nil {
 		return sandbox.Info{}, fmt.Errorf("create sandbox: image %q: %w", cfg.Image, err)
 	}
-	m.log.Debug("create: image", "ms", msSince(t0))
 	// The id and id range are held in memory until the record is written,
 	// once, when the sandbox runs: a crash before that leaves only an
 	// unreferenced layer and run directory, which recovery removes.
@@ -353,12 +354,10 @@ func (m *Manager) CreateSandbox(ctx context.Context, cfg sandbox.Config) (_ sand
 			}
 		}
 	}()
-	m.log.Debug("create: record", "ms", msSince(t0), "warm", warmOK)
 	active, err := m.layers.Branch(ctx, "", layer.WithLabels(map[string]string{"sandbox": r.ID}))
 	if err != nil {
 		return sandbox.Info{}, fmt.Errorf("create sandbox %q: %w", r.ID, err)
 	}
-	m.log.Debug("create: layer", "ms", msSince(t0))
 	r.Layer = active.ID
 	var prepared *sandbox.Sandbox
 	if warmOK {
@@ -396,9 +395,9 @@ func (m *Manager) startPrepared(ctx context.Context, r *record, prepared *sandbo
 		}
 		return nil, fmt.Errorf("start sandbox %q: %w", r.ID, err)
 	}
-	env := mergeEnv(defaultEnv, img.Env)
-	env = mergeEnv(env, []string{"HOSTNAME=" + r.ID})
-	env = mergeEnv(env, r.Config.Env)
+	env := sandbox.MergeEnv(defaultEnv, img.Env)
+	env = sandbox.MergeEnv(env, []string{"HOSTNAME=" + r.ID})
+	env = sandbox.MergeEnv(env, r.Config.Env)
 	spec := sandbox.Spec{
 		ID: r.ID, IDs: r.ids(), Hostname: r.ID, ImageLowers: img.Lowers, Layer: view,
 		Limits: r.Config.Limits, Env: env, Workdir: r.Config.Workdir,
@@ -418,7 +417,7 @@ func (m *Manager) startPrepared(ctx context.Context, r *record, prepared *sandbo
 		}
 	}()
 	// The workdir may be missing in an imported image.
-	root, err := safefs.Open(sb.Rootfs(), safefs.IDMap{HostBase: r.ids().HostBase, Size: r.ids().Size})
+	root, err := r.openFiles(sb)
 	if err != nil {
 		return nil, err
 	}
@@ -441,25 +440,6 @@ func (m *Manager) startPrepared(ctx context.Context, r *record, prepared *sandbo
 var defaultEnv = []string{
 	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	"HOME=/root", "LANG=C.UTF-8", "TERM=xterm",
-}
-
-func mergeEnv(base, over []string) []string {
-	idx := map[string]int{}
-	out := append([]string(nil), base...)
-	for i, kv := range out {
-		k, _, _ := strings.Cut(kv, "=")
-		idx[k] = i
-	}
-	for _, kv := range over {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := idx[k]; ok {
-			out[i] = kv
-			continue
-		}
-		idx[k] = len(out)
-		out = append(out, kv)
-	}
-	return out
 }
 
 func (m *Manager) info(r *record, sb *sandbox.Sandbox) sandbox.Info {
@@ -504,9 +484,6 @@ func (m *Manager) ListSandboxes(ctx context.Context) ([]sandbox.Info, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, r := range recs {
-		if r.State == sandbox.StateCreating {
-			continue
-		}
 		out = append(out, m.info(r, m.live[r.ID]))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
@@ -619,8 +596,7 @@ func (m *Manager) Files(ctx context.Context, id string) (*safefs.Root, func(), e
 		release()
 		return nil, nil, err
 	}
-	ids := r.ids()
-	root, err := safefs.Open(sb.Rootfs(), safefs.IDMap{HostBase: ids.HostBase, Size: ids.Size})
+	root, err := r.openFiles(sb)
 	if err != nil {
 		release()
 		return nil, nil, err
