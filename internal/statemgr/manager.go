@@ -530,17 +530,23 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) erro
 
 // removeRecord removes a sandbox's layer and record.
 func (m *Manager) removeRecord(ctx context.Context, r *record) error {
-	if r.Layer != "" {
-		if err := m.layers.Remove(ctx, r.Layer); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("remove layer of sandbox %q: %w", r.ID, err)
-		}
+	// The record goes first: a crash between the two then leaves an
+	// unreferenced layer, which recovery's gc removes, never a record whose
+	// layer is gone.
+	if err := m.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(r.ID))
+	}); err != nil {
+		return fmt.Errorf("remove sandbox %q: %w", r.ID, err)
 	}
 	m.mu.Lock()
 	delete(m.ops, r.ID)
 	m.mu.Unlock()
-	return m.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSandboxes).Delete([]byte(r.ID))
-	})
+	if r.Layer != "" {
+		if err := m.layers.Remove(ctx, r.Layer); err != nil && !errdefs.IsNotFound(err) {
+			m.log.Warn("sandbox removed; its layer is left for gc", "sandbox", r.ID, "layer", r.Layer, "err", err)
+		}
+	}
+	return nil
 }
 
 // acquire returns the live sandbox id and counts a call on it; release ends it.
