@@ -196,6 +196,11 @@ type SystemInfo struct {
 	Btrfs       bool   `json:"btrfs"`
 	Overlay     bool   `json:"overlay"`
 	IDMapMounts bool   `json:"idmap_mounts"`
+	// Templates is how many checkpoints hold live process templates;
+	// TemplateBytes their private memory, TemplateBudget its bound.
+	Templates      int   `json:"templates"`
+	TemplateBytes  int64 `json:"template_bytes"`
+	TemplateBudget int64 `json:"template_budget_bytes"`
 	Sandboxes   int    `json:"sandboxes"`
 	Images      int    `json:"images"`
 }
@@ -211,6 +216,7 @@ func (c *Client) Info(ctx context.Context) (SystemInfo, error) {
 		Version: m.Version, Storage: m.Storage, StateDir: m.StateDir, Kernel: m.Kernel,
 		CgroupMode: m.CgroupMode, CRIU: m.Criu, Btrfs: m.Btrfs, Overlay: m.Overlay,
 		IDMapMounts: m.IdmapMounts, Sandboxes: int(m.Sandboxes), Images: int(m.Images),
+		Templates: int(m.Templates), TemplateBytes: m.TemplateBytes, TemplateBudget: m.TemplateBudgetBytes,
 	}, nil
 }
 

@@ -243,3 +243,17 @@ func (a *app) removeEach(what string, ids []string, remove func(id string) error
 	}
 	return nil
 }
+
+// humanBytes formats a byte count with a binary unit ("1.5 GiB").
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

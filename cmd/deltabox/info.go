@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 )
 
@@ -44,6 +46,7 @@ func (a *app) infoCmd() *cobra.Command {
 			row("Idmapped mounts:", yes(si.IDMapMounts))
 			row("Sandboxes:", si.Sandboxes)
 			row("Images:", si.Images)
+			row("Process templates:", fmt.Sprintf("%d checkpoints, %s of %s budget", si.Templates, humanBytes(si.TemplateBytes), humanBytes(si.TemplateBudget)))
 			return tw.Flush()
 		},
 	}

@@ -52,6 +52,11 @@ type SystemInfo struct {
 	IDMapMounts bool
 	Sandboxes   int
 	Images      int
+	// Templates is how many checkpoints hold live process templates;
+	// TemplateBytes their private memory, TemplateBudget its bound.
+	Templates      int
+	TemplateBytes  int64
+	TemplateBudget int64
 }
 
 // Checkpointer is the checkpoint half of the Backend: coupled checkpoints of

@@ -39,8 +39,10 @@ const (
 type proc struct {
 	pid    int
 	status chan int
-	cg     cgroup.Cgroup // its own child cgroup: killing it kills its whole tree
-	stdin  *os.File      // nil when it reads /dev/null
+	dead   <-chan struct{} // closed when the generation it runs in is gone
+	origin *generation     // the generation whose init is its parent
+	cg     cgroup.Cgroup   // its own child cgroup: killing it kills its whole tree
+	stdin  *os.File        // nil when it reads /dev/null
 	stdout *os.File
 	stderr *os.File
 }
@@ -107,7 +109,10 @@ func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, cgName str
 	}()
 
 	req := &spawnReq{Argv: argv, Env: env, Cwd: cwd, Cgroup: true, V2: cg.Version() == 2}
-	reply, err := s.request(ctx, message{Op: opSpawn, Spawn: req}, childIn, outW, errW, tasks)
+	s.switchMu.RLock()
+	defer s.switchMu.RUnlock()
+	g := s.cur()
+	reply, err := g.request(ctx, message{Op: opSpawn, Spawn: req}, childIn, outW, errW, tasks)
 	if err != nil {
 		return nil, classifySpawnError(err)
 	}
@@ -115,7 +120,9 @@ func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, cgName str
 		return nil, fmt.Errorf("spawn: unexpected answer %q", reply.Op)
 	}
 	p.pid = reply.Pid
-	p.status = s.waitChan(reply.Pid)
+	p.status = g.waitChan(reply.Pid)
+	p.origin = g
+	p.dead = g.deadCh
 	return p, nil
 }
 
@@ -224,7 +231,7 @@ func (s *Sandbox) wait(ctx context.Context, p *proc, timeout time.Duration) (Exe
 		res.TimedOut = true
 	case <-ctx.Done():
 		err = ctx.Err()
-	case <-s.deadCh:
+	case <-p.dead:
 		return ExecResult{ExitCode: 128 + int(unix.SIGKILL)}, fmt.Errorf("sandbox stopped: %w", errdefs.ErrUnavailable)
 	}
 	kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -235,7 +242,7 @@ func (s *Sandbox) wait(ctx context.Context, p *proc, timeout time.Duration) (Exe
 	select {
 	case st := <-p.status:
 		res.ExitCode = exitCode(unix.WaitStatus(st))
-	case <-s.deadCh:
+	case <-p.dead:
 	case <-kctx.Done():
 	}
 	if res.TimedOut {

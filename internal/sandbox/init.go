@@ -53,18 +53,30 @@ type initState struct {
 
 	mu       sync.Mutex // guards children; held across fork and register so the reaper cannot miss an exit
 	children map[int]bool
+
+	held map[int]*os.File // files kept for a template's clone (opHold); used by the main loop only
 }
 
 func runInit() error {
 	tr := newTrace(nil)
 	os.Unsetenv(envInit)
+	// Nothing the daemon's process inherited may reach the workload: every
+	// fd but stdio and the control socket closes on exec.
+	if err := unix.CloseRange(4, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("mark inherited fds close-on-exec: %w", err)
+	}
 	ctl := os.NewFile(3, "control")
 	c, err := newConn(ctl)
 	if err != nil {
 		return err
 	}
 	ctl.Close()
-	st := &initState{c: c, children: map[int]bool{}}
+	st := &initState{c: c, children: map[int]bool{}, held: map[int]*os.File{}}
+	// Unasked: a nested init's daemon learns our host pid from this
+	// message's credentials.
+	if err := c.Send(message{Op: opHello}); err != nil {
+		return err
+	}
 
 	m, files, err := c.Recv()
 	if err != nil {
@@ -142,6 +154,28 @@ func runInit() error {
 				continue
 			}
 			_ = c.Send(message{Op: opReady, ID: m.ID})
+		case opGenerate:
+			if len(files) != 1 {
+				closeFiles(files)
+				_ = c.Send(message{Op: opError, ID: m.ID, Err: "generate: want one file"})
+				continue
+			}
+			go st.generate(m, files[0])
+		case opHold:
+			fds := make([]int, len(files))
+			for i, f := range files {
+				fds[i] = int(f.Fd())
+				st.held[fds[i]] = f
+			}
+			_ = c.Send(message{Op: opReady, ID: m.ID, Fds: fds})
+		case opRelease:
+			closeFiles(files)
+			for _, fd := range m.Fds {
+				if f, ok := st.held[fd]; ok {
+					f.Close()
+					delete(st.held, fd)
+				}
+			}
 		case opSignal:
 			closeFiles(files)
 			if m.Pid > 1 {
@@ -247,6 +281,37 @@ func (st *initState) spawn(m message, files []*os.File) {
 	_ = st.c.Send(message{Op: opSpawned, ID: m.ID, Pid: pid})
 }
 
+// generate starts the init of a child generation: the same binary, in new
+// pid, mount, net, uts and ipc namespaces nested under ours (and so owned by
+// our user namespace, the tree's). Our pid namespace is the one the new pid
+// namespace nests under: it must be the caller's active one, which is why
+// the parent generation's init, not the daemon, starts it. The new init
+// talks to the daemon over ctl and waits for its config, as a root init does.
+func (st *initState) generate(m message, ctl *os.File) {
+	defer ctl.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		_ = st.c.Send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
+		return
+	}
+	defer null.Close()
+	attr := &syscall.ProcAttr{
+		Env:   []string{envInit + "=1"},
+		Files: []uintptr{null.Fd(), os.Stderr.Fd(), os.Stderr.Fd(), ctl.Fd()},
+		Sys: &syscall.SysProcAttr{
+			Setsid: true,
+			Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWNET |
+				unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+		},
+	}
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{"deltabox-init"}, attr)
+	if err != nil {
+		_ = st.c.Send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
+		return
+	}
+	_ = st.c.Send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+}
+
 // reap reaps every child on SIGCHLD and reports the exits of the processes
 // the daemon started.
 func (st *initState) reap(sigs <-chan os.Signal) {
@@ -262,9 +327,9 @@ func (st *initState) reap(sigs <-chan os.Signal) {
 			ours := st.children[pid]
 			delete(st.children, pid)
 			st.mu.Unlock()
-			if ours {
-				_ = st.c.Send(message{Op: opExited, Pid: pid, Status: int(ws)})
-			}
+			// Orphans include the clones of templates, which are our
+			// children by clone(CLONE_PARENT): the daemon waits for them.
+			_ = st.c.Send(message{Op: opExited, Pid: pid, Status: int(ws), Orphan: !ours})
 		}
 	}
 }

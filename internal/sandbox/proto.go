@@ -29,6 +29,18 @@ const (
 	opSignal  = "signal"  // daemon -> init: Pid, Signal
 	opReroot  = "reroot"  // daemon -> init: pivot into a new root; files: detached root mount
 	opError   = "error"   // init -> daemon: Err, for the request ID
+	// opHello is the init's first message, unasked: a nested init's host pid
+	// comes with it, as the kernel's SCM_CREDENTIALS (see generation).
+	opHello = "hello"
+	// opGenerate asks an init to start the init of a child generation, in
+	// new pid, mount, net, uts and ipc namespaces nested under its own;
+	// files: the child's end of its control socket. Answer: spawned.
+	opGenerate = "generate"
+	// opHold asks an init to keep files open until opRelease, and answers
+	// with their fd numbers (Fds): a template's clone takes them with
+	// pidfd_getfd, its way of receiving fresh stdio inside its namespaces.
+	opHold    = "hold"
+	opRelease = "release" // daemon -> init: close the held Fds
 )
 
 // maxPacket bounds one message (argv and env included).
@@ -47,6 +59,12 @@ type message struct {
 	Signal int         `json:"signal,omitempty"`
 	Err    string      `json:"err,omitempty"`
 	Trace  string      `json:"trace,omitempty"` // ready: how long the init's steps took
+	// Orphan marks the exit of a process the init did not spawn (a
+	// template's clone: clone(CLONE_PARENT) made it the init's child).
+	Orphan bool  `json:"orphan,omitempty"`
+	Fds    []int `json:"fds,omitempty"` // hold's answer, release's request
+
+	peerPid int // the sender's pid in our namespace, when the socket passes credentials
 }
 
 // initConfig is what the init sets up before it reports ready.
@@ -135,7 +153,7 @@ var errClosed = errors.New("init connection closed")
 // owns.
 func (c *conn) Recv() (message, []*os.File, error) {
 	buf := make([]byte, maxPacket)
-	oob := make([]byte, unix.CmsgSpace(maxFiles*4))
+	oob := make([]byte, unix.CmsgSpace(maxFiles*4)+unix.CmsgSpace(unix.SizeofUcred))
 	var n, oobn, flags int
 	var err error
 	for {
@@ -151,10 +169,17 @@ func (c *conn) Recv() (message, []*os.File, error) {
 		return message{}, nil, errClosed
 	}
 	var files []*os.File
+	peer := 0
 	if oobn > 0 {
 		cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 		if err == nil {
 			for _, cm := range cmsgs {
+				if cm.Header.Level == unix.SOL_SOCKET && cm.Header.Type == unix.SCM_CREDENTIALS {
+					if cred, err := unix.ParseUnixCredentials(&cm); err == nil {
+						peer = int(cred.Pid)
+					}
+					continue
+				}
 				fds, err := unix.ParseUnixRights(&cm)
 				if err != nil {
 					continue
@@ -174,6 +199,7 @@ func (c *conn) Recv() (message, []*os.File, error) {
 		closeFiles(files)
 		return message{}, nil, fmt.Errorf("decode init message: %w", err)
 	}
+	m.peerPid = peer
 	return m, files, nil
 }
 

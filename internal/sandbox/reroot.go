@@ -31,7 +31,7 @@ import (
 // processes gone); a failure in the pivot itself leaves it dead.
 func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	s.mu.Lock()
-	if s.dead {
+	if s.destroyed || !s.g.alive() {
 		s.mu.Unlock()
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
@@ -40,8 +40,8 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	s.sess = map[SessionKind]*session{}
 	children := s.children
 	s.children = map[string]cgroup.Cgroup{}
-	s.gen++
-	target := filepath.Join(s.dir, "rootfs."+strconv.Itoa(s.gen))
+	s.roots++
+	target := filepath.Join(s.dir, "rootfs."+strconv.Itoa(s.roots))
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()

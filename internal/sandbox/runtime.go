@@ -36,11 +36,11 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/inject"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
 )
@@ -74,6 +74,13 @@ type Runtime struct {
 	seccomp  bool
 	cgParent string // cgroup parent directory, in every hierarchy
 	log      *slog.Logger
+
+	tracerOnce sync.Once
+	tracer     *inject.Tracer // the ptrace thread of every template operation
+
+	tidOnce    sync.Once
+	hostTID    uintptr // where the host's libc keeps a thread's id (see tidOffset)
+	hostTIDErr error
 }
 
 // RuntimeOpt configures a Runtime.
@@ -108,34 +115,42 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 
 // Sandbox is a running sandbox. It is safe for concurrent use.
 type Sandbox struct {
-	id      string
-	dir     string // run directory
-	rootfs  string // host path of the mounted root
-	lowers  []string
-	ids     IDMap
-	limits  Limits
-	env     []string
-	workdir string
-	cg      cgroup.Cgroup
-	init    *exec.Cmd
-	c       *conn
-	log     *slog.Logger
+	id       string
+	dir      string // run directory
+	hostname string
+	lowers   []string
+	ids      IDMap
+	limits   Limits
+	env      []string
+	workdir  string
+	cg       cgroup.Cgroup
+	log      *slog.Logger
+	rt       *Runtime
 
-	mu        sync.Mutex // guards the fields below
-	nextID    uint64
-	pending   map[uint64]chan message // request ID -> answer
-	waiters   map[int]chan int        // pid -> wait status
-	early     map[int]int             // exits that arrived before their waiter
+	mu        sync.Mutex  // guards the fields below
+	g         *generation // the live generation (its init runs the sandbox's processes)
+	rootfs    string      // host path of the mounted root
 	execs     int
-	dead      bool
 	rerooting bool // a restore is replacing the root: no new processes
-	gen       int  // how many times the root was replaced
+	destroyed bool // Destroy released the live generation
+	roots     int  // how many roots were mounted (each gets its own mount point)
 	sess      map[SessionKind]*session
 	children  map[string]cgroup.Cgroup // child cgroups of commands and sessions
 	replay    map[SessionKind]string   // session state to replay before the session's next call
-	deadCh    chan struct{}
 
 	bg sync.WaitGroup // background work (old roots being detached) Destroy waits for
+
+	// switchMu is held for writing while the live generation is replaced
+	// (a checkpoint's or restore's template path), for reading while a
+	// process is started in it.
+	switchMu sync.RWMutex
+}
+
+// cur returns the live generation.
+func (s *Sandbox) cur() *generation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.g
 }
 
 // ID returns the sandbox's id.
@@ -151,7 +166,7 @@ func (s *Sandbox) Rootfs() string {
 }
 
 // InitPid returns the host pid of the sandbox's init.
-func (s *Sandbox) InitPid() int { return s.init.Process.Pid }
+func (s *Sandbox) InitPid() int { return s.cur().hostPid }
 
 // Start starts a sandbox. On failure everything it did is undone.
 func (r *Runtime) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
@@ -169,7 +184,14 @@ func (r *Runtime) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 // filesystem: the cgroup, and the init in its new namespaces, waiting for its
 // root. A warm pool of prepared sandboxes takes the process boot off the path
 // of a create. Finish completes it; Destroy discards it.
-func (r *Runtime) Prepare(ctx context.Context, id string, ids IDMap, lim Limits) (_ *Sandbox, err error) {
+func (r *Runtime) Prepare(ctx context.Context, id string, ids IDMap, lim Limits) (*Sandbox, error) {
+	return r.prepare(ctx, id, ids, lim, nil)
+}
+
+// prepare is Prepare; with a parent generation, the sandbox's init starts
+// as a child generation of it (a fork of its templates) instead of in a new
+// user namespace.
+func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits, parent *generation) (_ *Sandbox, err error) {
 	if id == "" || ids.Size == 0 {
 		return nil, fmt.Errorf("start sandbox: id and id map are required: %w", errdefs.ErrInvalidArgument)
 	}
@@ -205,13 +227,19 @@ func (r *Runtime) Prepare(ctx context.Context, id string, ids IDMap, lim Limits)
 	//    waits for its config.
 	sb := &Sandbox{
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
-		log: r.log.With("sandbox", id), limits: lim,
-		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
+		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		deadCh: make(chan struct{}),
 	}
-	if err := r.spawnInit(sb, ids); err != nil {
-		return nil, err
+	if parent == nil {
+		if err := r.spawnInit(sb, ids); err != nil {
+			return nil, err
+		}
+	} else {
+		g, err := r.spawnGeneration(ctx, parent, cg, sb.log)
+		if err != nil {
+			return nil, err
+		}
+		sb.g = g
 	}
 	tr.step("init spawn")
 	return sb, nil
@@ -243,7 +271,7 @@ func (r *Runtime) Finish(ctx context.Context, sb *Sandbox, spec Spec) (err error
 
 	// 3. The image's lowers, idmapped with the init's own user namespace
 	//    and read-only.
-	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", sb.init.Process.Pid))
+	userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", sb.InitPid()))
 	if err != nil {
 		return fmt.Errorf("open the init's user namespace: %w", err)
 	}
@@ -278,7 +306,8 @@ func (r *Runtime) Finish(ctx context.Context, sb *Sandbox, spec Spec) (err error
 	tr.step("overlay")
 
 	// 5. The init sets the root up.
-	if err := r.configureInit(ctx, sb, spec); err != nil {
+	sb.hostname = spec.Hostname
+	if err := r.configureInit(ctx, sb, sb.cur(), sb.rootfs); err != nil {
 		return err
 	}
 	tr.step("init setup")
@@ -313,40 +342,46 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 		Credential: &syscall.Credential{Uid: 0, Gid: 0},
 		Setsid:     true,
 	}
+	level, err := ownLevel()
+	if err != nil {
+		ours.Close()
+		return err
+	}
 	if err := cmd.Start(); err != nil {
 		ours.Close()
 		return fmt.Errorf("start init: %w", err)
 	}
-	sb.init = cmd
+	g := newGeneration(nil, sb.log)
+	g.cmd, g.hostPid, g.level = cmd, cmd.Process.Pid, level+1
+	sb.g = g
 	c, err := newConn(ours)
 	ours.Close()
 	if err != nil {
-		sb.killInit()
+		g.kill()
 		return err
 	}
-	sb.c = c
-	// The read loop owns the fd from here on and closes it when it ends.
-	go sb.readLoop()
+	// The generation's read loop owns the fd from here on.
+	g.start(c)
 	pid := cmd.Process.Pid
 	// The daemon's memory matters more than the init's, and the init more
 	// than the workload: never let the OOM killer pick the init.
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("-998"), 0)
 	if err := sb.cg.Add(pid); err != nil {
-		sb.killInit()
+		g.kill()
 		return err
 	}
-	go func() { _ = cmd.Wait(); sb.markDead() }()
+	go func() { _ = cmd.Wait(); g.markDead() }()
 	return nil
 }
 
 // configureInit sends the init its config and waits until its root is set
 // up.
-func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) error {
+func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, g *generation, rootfs string) error {
 	// The init gets its root as a detached clone of the root's mount, which
 	// it attaches in its own mount namespace: the path of the host's mount
 	// lies below directories the sandbox's user may not traverse, and an fd
 	// of a mount of the host's namespace cannot be bound from another.
-	tree, err := cloneMount(sb.rootfs)
+	tree, err := cloneMount(rootfs)
 	if err != nil {
 		return err
 	}
@@ -356,8 +391,8 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, spec Spec) err
 		files = append(files, home)
 		defer home.Close()
 	}
-	cfg := &initConfig{Hostname: spec.Hostname, Seccomp: r.seccomp}
-	reply, err := sb.request(ctx, message{Op: opConfig, Config: cfg}, files...)
+	cfg := &initConfig{Hostname: sb.hostname, Seccomp: r.seccomp}
+	reply, err := g.request(ctx, message{Op: opConfig, Config: cfg}, files...)
 	if err != nil {
 		return fmt.Errorf("init setup: %w", err)
 	}
@@ -400,110 +435,16 @@ func idmapMount(dir, target string, userns *os.File) error {
 	return nil
 }
 
-// readLoop dispatches the init's messages: answers to requests and exits.
-func (s *Sandbox) readLoop() {
-	defer s.c.Close()
-	for {
-		m, files, err := s.c.Recv()
-		closeFiles(files) // the init never sends files; drop any it forges
-		if err != nil {
-			s.markDead()
-			return
-		}
-		s.mu.Lock()
-		switch {
-		case m.Op == opExited:
-			if ch, ok := s.waiters[m.Pid]; ok {
-				ch <- m.Status
-				delete(s.waiters, m.Pid)
-			} else if len(s.early) < 4096 {
-				s.early[m.Pid] = m.Status
-			}
-		case m.ID != 0:
-			if ch, ok := s.pending[m.ID]; ok {
-				ch <- m
-				delete(s.pending, m.ID)
-			}
-		}
-		s.mu.Unlock()
-	}
-}
-
-func (s *Sandbox) markDead() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.dead {
-		return
-	}
-	s.dead = true
-	close(s.deadCh)
-}
-
 // Alive reports whether the sandbox's init still runs.
-func (s *Sandbox) Alive() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.dead
-}
+func (s *Sandbox) Alive() bool { return s.cur().alive() }
 
-// request sends m and waits for the init's answer.
+// request sends m to the live generation's init and waits for its answer.
 func (s *Sandbox) request(ctx context.Context, m message, files ...*os.File) (message, error) {
-	ch := make(chan message, 1)
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		return message{}, fmt.Errorf("sandbox %q is not running: %w", s.id, errdefs.ErrFailedPrecondition)
+	r, err := s.cur().request(ctx, m, files...)
+	if err != nil && errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return r, fmt.Errorf("sandbox %q is not running: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
-	s.nextID++
-	m.ID = s.nextID
-	s.pending[m.ID] = ch
-	s.mu.Unlock()
-	if err := s.c.Send(m, files...); err != nil {
-		s.mu.Lock()
-		delete(s.pending, m.ID)
-		s.mu.Unlock()
-		return message{}, fmt.Errorf("send to init: %w", err)
-	}
-	select {
-	case r := <-ch:
-		if r.Op == opError {
-			return r, errors.New(r.Err)
-		}
-		return r, nil
-	case <-s.deadCh:
-		return message{}, fmt.Errorf("sandbox %q init exited: %w", s.id, errdefs.ErrUnavailable)
-	case <-ctx.Done():
-		s.mu.Lock()
-		delete(s.pending, m.ID)
-		s.mu.Unlock()
-		return message{}, ctx.Err()
-	}
-}
-
-// waitChan registers interest in pid's exit.
-func (s *Sandbox) waitChan(pid int) chan int {
-	ch := make(chan int, 1)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st, ok := s.early[pid]; ok {
-		delete(s.early, pid)
-		ch <- st
-		return ch
-	}
-	s.waiters[pid] = ch
-	return ch
-}
-
-func (s *Sandbox) killInit() {
-	if s.init == nil || s.init.Process == nil {
-		return
-	}
-	// SIGKILL to a pid namespace's init kills every process in it.
-	_ = s.init.Process.Kill()
-	select {
-	case <-s.deadCh:
-	case <-time.After(10 * time.Second):
-	}
+	return r, err
 }
 
 // Settle waits for the sandbox's background work (an old root being detached
@@ -527,10 +468,13 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.sess = map[SessionKind]*session{}
 	s.mu.Unlock()
 	var errs []error
-	if s.c != nil {
-		_ = s.c.Shutdown() // the read loop closes the fd (see conn.Close)
+	s.mu.Lock()
+	g, done := s.g, s.destroyed
+	s.destroyed = true
+	s.mu.Unlock()
+	if g != nil && !done {
+		g.release()
 	}
-	s.killInit()
 	s.bg.Wait()
 	if err := s.cg.Delete(ctx); err != nil {
 		errs = append(errs, err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -45,6 +46,9 @@ type ckRecord struct {
 	Shell     string                `json:"shell,omitempty"`
 	HasShell  bool                  `json:"has_shell,omitempty"`
 	Processes []daemon.ProcessState `json:"processes,omitempty"`
+	// Templates: the sessions' processes were kept as frozen templates (the
+	// fast path); they live in the daemon's memory only.
+	Templates bool `json:"templates,omitempty"`
 }
 
 var ckIDRe = regexp.MustCompile(`^ck-[0-9a-f]{8}$`)
@@ -128,6 +132,23 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 	// checkpoint. Now only what it writes in the next instant is left.
 	m.preflush(ctx, r.Layer)
 
+	// The fast path: the sessions become templates, the sandbox moves on
+	// into a new generation.
+	if _, ok := m.layers.(layer.LiveCommitter); ok && len(procs) > 0 {
+		done, why, err := m.checkpointTemplates(ctx, sb, r, ck)
+		if err != nil {
+			return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: %w", id, err)
+		}
+		if done {
+			return m.ckInfo(ck, []string{id}), nil
+		}
+		for i := range ck.Processes {
+			if ck.Processes[i].Reason == "" || ck.Processes[i].Path != daemon.PathReplay {
+				ck.Processes[i].Reason = strings.TrimSpace(ck.Processes[i].Reason + " (" + why + ")")
+			}
+		}
+	}
+
 	// The coupled capture: nothing runs between the freeze and the thaw, so
 	// the filesystem is the one the processes see at this instant.
 	began := time.Now()
@@ -176,6 +197,56 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 	}
 	m.makeSpare(id, ck.ID, ck.Layer)
 	return m.ckInfo(ck, []string{id}), nil
+}
+
+// checkpointTemplates tries the fast path (see sandbox.CheckpointTemplates).
+// It reports false, with the reason and nothing changed, when the sandbox is
+// not eligible.
+func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, r *record, ck *ckRecord) (bool, string, error) {
+	var committed, active layer.Info
+	ts, err := sb.CheckpointTemplates(ctx, "tpl-"+ck.ID, func(ctx context.Context) (layer.View, error) {
+		var err error
+		if committed, err = m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID}, nil); err != nil {
+			return layer.View{}, err
+		}
+		if active, err = m.layers.Branch(ctx, committed.ID, layer.WithLabels(map[string]string{"sandbox": r.ID})); err != nil {
+			return layer.View{}, err
+		}
+		return m.layers.Mounts(ctx, active.ID)
+	})
+	if err != nil {
+		for _, l := range []string{active.ID, committed.ID} {
+			if l != "" {
+				_ = m.layers.Remove(context.Background(), l)
+			}
+		}
+		var ie *sandbox.IneligibleError
+		if errors.As(err, &ie) {
+			return false, ie.Error(), nil
+		}
+		return false, "", err
+	}
+	ck.Layer, ck.Templates, ck.PauseMs = committed.ID, true, ms(ts.Pause)
+	ck.Processes = templateProcesses(ts)
+	ck.Created = time.Now().UTC()
+	retired := r.Layer
+	r.Layer, r.Head = active.ID, ck.ID
+	if err := m.db.Update(func(tx *bolt.Tx) error {
+		if err := putJSON(tx.Bucket(bucketCheckpoints), ck.ID, ck); err != nil {
+			return err
+		}
+		return putJSON(tx.Bucket(bucketSandboxes), r.ID, r)
+	}); err != nil {
+		// The sandbox already lives on active: the record follows it, the
+		// checkpoint is undone.
+		ts.Release()
+		_ = m.put(r)
+		_ = m.layers.Remove(context.Background(), committed.ID)
+		return false, "", fmt.Errorf("store: %w", err)
+	}
+	m.keepTemplates(ck.ID, ts, retired)
+	m.makeSpare(r.ID, ck.ID, ck.Layer)
+	return true, "", nil
 }
 
 // preflush writes back the dirty data of a layer's filesystem (best effort).
@@ -257,6 +328,37 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	sb := m.live[id]
 	m.mu.Unlock()
 	branched := time.Now()
+	ts, why := m.templatesOf(ck)
+	if ts != nil && sb != nil && sb.Alive() {
+		// In place, on the fast path: a new generation of clones.
+		view, err := m.layers.Mounts(ctx, active.ID)
+		var cloned []sandbox.SessionKind
+		if err == nil {
+			cloned, err = sb.RestoreTemplates(ctx, view, ts)
+		}
+		if err == nil {
+			err = m.put(r)
+		}
+		if err != nil {
+			_ = m.layers.Remove(context.Background(), active.ID)
+			r.Layer, r.Head = oldLayer, oldHead
+			if !sb.Alive() {
+				m.restart(r)
+			}
+			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+		}
+		res := daemon.RestoreResult{RestoreMs: msSince(began)}
+		for _, k := range ts.Kinds() {
+			ps := daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate}
+			if !slices.Contains(cloned, k) {
+				ps.Path, ps.Reason = daemon.PathNone, "its clone failed; a fresh session starts"
+			}
+			res.Processes = append(res.Processes, ps)
+		}
+		m.makeSpare(id, ckID, ck.Layer)
+		m.removeLater(sb, oldLayer)
+		return res, nil
+	}
 	if sb != nil && sb.Alive() {
 		// In place: same init, namespaces and cgroup; a new root.
 		view, err := m.layers.Mounts(ctx, active.ID)
@@ -292,7 +394,7 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
 		}
 	}
-	res := daemon.RestoreResult{Processes: restoredProcesses(ck)}
+	res := daemon.RestoreResult{Processes: restoredProcesses(ck, why)}
 	replayAt := time.Now()
 	if ck.HasShell {
 		if err := sb.ReplayShellState(ctx, ck.Shell); err != nil {
@@ -302,7 +404,13 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	res.RestoreMs = msSince(began)
 	m.makeSpare(id, ckID, ck.Layer) // for the next rollback to the same place
 	m.log.Debug("restore done", "sandbox", id, "replay_ms", ms(time.Since(replayAt)), "total_ms", res.RestoreMs)
-	// The old layer goes once its overlay is detached, off the critical path.
+	m.removeLater(sb, oldLayer)
+	return res, nil
+}
+
+// removeLater removes a sandbox's replaced layer once its overlay is
+// detached, off the critical path.
+func (m *Manager) removeLater(sb *sandbox.Sandbox, oldLayer string) {
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
@@ -311,7 +419,6 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 			m.log.Warn("restore: old layer kept for GC", "layer", oldLayer, "err", err)
 		}
 	}()
-	return res, nil
 }
 
 func (m *Manager) dropInflight(id string) {
@@ -335,16 +442,20 @@ func (m *Manager) restart(r *record) {
 	}
 }
 
-// restoredProcesses says how each process of a checkpoint comes back; the
-// shell session, when captured, comes first.
-func restoredProcesses(ck *ckRecord) []daemon.ProcessState {
+// restoredProcesses says how each process of a checkpoint comes back off
+// the template path (why: the reason its templates are unusable, if it had
+// any); the shell session, when captured, comes first.
+func restoredProcesses(ck *ckRecord, why string) []daemon.ProcessState {
 	var out []daemon.ProcessState
 	if ck.HasShell {
-		out = append(out, daemon.ProcessState{Name: "shell session", Path: daemon.PathReplay})
+		out = append(out, daemon.ProcessState{Name: "shell session", Path: daemon.PathReplay, Reason: why})
 	}
 	for _, p := range ck.Processes {
 		if p.Name == "shell session" {
 			continue
+		}
+		if p.Path == daemon.PathTemplate {
+			p.Path, p.Reason = daemon.PathNone, why
 		}
 		out = append(out, p)
 	}
@@ -363,6 +474,7 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 		return daemon.ForkResult{}, err
 	}
 	began := time.Now()
+	ts, _ := m.templatesOf(ck)
 	ids := make([]string, n)
 	// Every fork or none: a failure removes the ones made.
 	defer func() {
@@ -398,14 +510,14 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 				return err
 			}
 			r.Layer = active.ID
-			sb, err := m.startRecord(gctx, r)
+			sb, err := m.startWith(gctx, r, nil, ts)
 			if err != nil {
 				m.dropInflight(r.ID)
 				_ = m.layers.Remove(context.Background(), active.ID)
 				return err
 			}
 			ids[i] = r.ID
-			if ck.HasShell {
+			if ck.HasShell && ts == nil {
 				return sb.ReplayShellState(gctx, ck.Shell)
 			}
 			return nil
@@ -541,6 +653,12 @@ func (m *Manager) DeleteCheckpoint(ctx context.Context, id string, recursive boo
 	if err != nil {
 		return fmt.Errorf("delete checkpoint %q: %w", id, err)
 	}
+	for c := range doomed {
+		m.dropTemplates(c, "")
+		m.mu.Lock()
+		delete(m.tplGone, c)
+		m.mu.Unlock()
+	}
 	m.bg.Wait() // a spare of one of them may be in the making
 	m.dropSpares(ctx, func(_ string, sp spare) bool { return doomed[sp.checkpoint] })
 	m.gc(ctx)
@@ -596,7 +714,7 @@ func (m *Manager) gc(ctx context.Context) []string {
 	for _, ck := range cks {
 		refs[ck.Layer] = true
 	}
-	for _, l := range m.spareLayers() {
+	for _, l := range append(m.spareLayers(), m.retiredLayers()...) {
 		refs[l] = true
 	}
 	var removed []string
@@ -650,7 +768,7 @@ func (m *Manager) Fsck(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("checkpoint %s: parent %s missing", ck.ID, ck.Parent))
 		}
 	}
-	for _, l := range m.spareLayers() {
+	for _, l := range append(m.spareLayers(), m.retiredLayers()...) {
 		refs[l] = true
 	}
 	for _, r := range recs {
@@ -686,7 +804,7 @@ func (m *Manager) Fsck(ctx context.Context) error {
 func (m *Manager) ckInfo(ck *ckRecord, heads []string) daemon.Checkpoint {
 	return daemon.Checkpoint{
 		ID: ck.ID, Parent: ck.Parent, Sandbox: ck.Sandbox, Name: ck.Name, Labels: ck.Labels,
-		Created: ck.Created, PauseMs: ck.PauseMs, Processes: ck.Processes, Heads: heads,
+		Created: ck.Created, PauseMs: ck.PauseMs, Processes: m.ckProcesses(ck), Heads: heads,
 	}
 }
 

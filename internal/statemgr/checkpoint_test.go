@@ -17,6 +17,7 @@ import (
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
 	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/internal/testutil/sandboxtest"
 )
 
 // manifest describes every file under the sandbox's /work and /etc/deltabox-t
@@ -108,8 +109,12 @@ truncate -s 10 /work/src/sparse.img; touch /work/new; rm /etc/deltabox-t/conf
 	}
 }
 
-func TestSessionStateAcrossRestore(t *testing.T) {
-	m := newManager(t)
+// TestSessionStateReplayedWithoutTemplates covers the fallback of a
+// checkpoint whose process templates are gone (here: evicted at once by a
+// tiny memory budget): the shell state, kept as data, is replayed into a
+// fresh session; python starts fresh.
+func TestSessionStateReplayedWithoutTemplates(t *testing.T) {
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { o.TemplateBudget = 1 })
 	id := create(t, m, sandbox.Config{})
 	session(t, m, id, sandbox.SessionShell, `mkdir -p /work/d && cd /work/d; export E=exported; V="two words"; declare -a ARR=(1 "2 3"); f() { echo "f:$1"; }; alias hi='echo hi'; set -o noclobber; trap 'echo bye' USR1; umask 027`)
 	session(t, m, id, sandbox.SessionPython, "x = 1")

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/daemon"
@@ -107,6 +108,11 @@ type Manager struct {
 	spares     map[string]spare // spare branch of each sandbox's head (spare.go; guarded by mu)
 	reserved   map[int]bool     // id ranges held for sandboxes not yet stored (guarded by mu)
 	inflight   map[string]bool  // ids handed out, not yet stored or dropped (guarded by mu)
+
+	// Process templates of checkpoints (templates.go; guarded by mu).
+	tpl       map[string]*heldTemplates // by checkpoint
+	tplGone   map[string]string         // checkpoint -> why its templates are gone
+	tplBudget int64                     // bytes of private memory templates may hold
 }
 
 var _ daemon.Backend = (*Manager)(nil)
@@ -127,7 +133,14 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 		return nil, fmt.Errorf("open state %q: %w", opts.Root, err)
 	}
 	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{},
-		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]spare{}}
+		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]spare{},
+		tpl: map[string]*heldTemplates{}, tplGone: map[string]string{}, tplBudget: opts.TemplateBudget}
+	if m.tplBudget <= 0 {
+		var si unix.Sysinfo_t
+		if err := unix.Sysinfo(&si); err == nil {
+			m.tplBudget = int64(si.Totalram) * int64(si.Unit) / 4
+		}
+	}
 	var closers []io.Closer
 	defer func() {
 		if err != nil {
@@ -212,6 +225,15 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.bg.Wait()
+	m.mu.Lock()
+	var cks []string
+	for id := range m.tpl {
+		cks = append(cks, id)
+	}
+	m.mu.Unlock()
+	for _, id := range cks {
+		m.dropTemplates(id, "")
+	}
 	m.dropSpares(context.Background(), func(string, spare) bool { return true })
 	if c, ok := m.images.(io.Closer); ok {
 		errs = append(errs, c.Close())
@@ -265,7 +287,9 @@ func (m *Manager) SystemInfo(ctx context.Context) (daemon.SystemInfo, error) {
 	if err != nil {
 		return daemon.SystemInfo{}, err
 	}
+	nt, tb, budget := m.Templates()
 	return daemon.SystemInfo{
+		Templates: nt, TemplateBytes: tb, TemplateBudget: budget,
 		Version: Version, Storage: m.storage, StateDir: m.root, Kernel: p.Kernel,
 		CgroupMode: p.CgroupMode.String(), CRIU: criu, Btrfs: p.Btrfs, Overlay: p.Overlay,
 		IDMapMounts: p.IDMappedMounts, Sandboxes: len(recs), Images: len(imgs),
@@ -381,6 +405,13 @@ func (m *Manager) startRecord(ctx context.Context, r *record) (*sandbox.Sandbox,
 // prepare one now). It consumes prepared: adopted on success, destroyed on
 // failure.
 func (m *Manager) startPrepared(ctx context.Context, r *record, prepared *sandbox.Sandbox) (_ *sandbox.Sandbox, err error) {
+	return m.startWith(ctx, r, prepared, nil)
+}
+
+// startWith is startPrepared; with templates (and no prepared sandbox) the
+// sandbox's processes are clones of them, in a generation nested under
+// theirs (a fork on the template path).
+func (m *Manager) startWith(ctx context.Context, r *record, prepared *sandbox.Sandbox, ts *sandbox.Templates) (_ *sandbox.Sandbox, err error) {
 	img, err := m.images.Get(ctx, r.Config.Image)
 	if err != nil {
 		if prepared != nil {
@@ -403,9 +434,12 @@ func (m *Manager) startPrepared(ctx context.Context, r *record, prepared *sandbo
 		Limits: r.Config.Limits, Env: env, Workdir: r.Config.Workdir,
 	}
 	sb := prepared
-	if sb == nil {
+	switch {
+	case ts != nil:
+		sb, err = m.rt.ForkTemplates(ctx, spec, ts)
+	case sb == nil:
 		sb, err = m.rt.Start(ctx, spec)
-	} else {
+	default:
 		err = m.rt.Finish(ctx, sb, spec)
 	}
 	if err != nil {

@@ -21,6 +21,10 @@ type Options struct {
 	// (0: none). Each is a booted init waiting for its root: it takes the
 	// process start off a create's path at the cost of an idle process.
 	WarmPool int
+	// TemplateBudget bounds the private memory of checkpoints' process
+	// templates; past it the least recently used are evicted (their
+	// checkpoints keep filesystem and session data). 0 means 25% of RAM.
+	TemplateBudget int64
 	// NoSeccomp starts sandboxes without the seccomp filter (tests only).
 	NoSeccomp bool
 }

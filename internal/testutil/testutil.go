@@ -290,3 +290,44 @@ func KernelAtLeast(major, minor int) bool {
 	mi, _ := strconv.Atoi(strings.TrimFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
 	return ma > major || (ma == major && mi >= minor)
 }
+
+// CgroupProcs lists the processes of the cgroup name under this test
+// process's cgroup parent (its freezer hierarchy on v1, the unified one on
+// v2).
+func CgroupProcs(name string) ([]int, error) {
+	paths := []string{
+		filepath.Join("/sys/fs/cgroup/freezer", CgroupParent(), name, "cgroup.procs"),
+		filepath.Join("/sys/fs/cgroup", CgroupParent(), name, "cgroup.procs"),
+	}
+	var lastErr error
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var out []int
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+		return out, nil
+	}
+	return nil, lastErr
+}
+
+// ProcState is the state letter of a process ("S", "T", …), "" if it is
+// gone.
+func ProcState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+3 > len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}

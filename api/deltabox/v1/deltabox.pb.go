@@ -420,14 +420,19 @@ type InfoResponse struct {
 	// cgroup_mode is v1 | v2 | hybrid.
 	CgroupMode string `protobuf:"bytes,5,opt,name=cgroup_mode,json=cgroupMode,proto3" json:"cgroup_mode,omitempty"`
 	// criu is CRIU's version, or empty when it is missing.
-	Criu          string `protobuf:"bytes,6,opt,name=criu,proto3" json:"criu,omitempty"`
-	Btrfs         bool   `protobuf:"varint,7,opt,name=btrfs,proto3" json:"btrfs,omitempty"`
-	Overlay       bool   `protobuf:"varint,8,opt,name=overlay,proto3" json:"overlay,omitempty"`
-	IdmapMounts   bool   `protobuf:"varint,9,opt,name=idmap_mounts,json=idmapMounts,proto3" json:"idmap_mounts,omitempty"`
-	Sandboxes     int32  `protobuf:"varint,10,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
-	Images        int32  `protobuf:"varint,11,opt,name=images,proto3" json:"images,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Criu        string `protobuf:"bytes,6,opt,name=criu,proto3" json:"criu,omitempty"`
+	Btrfs       bool   `protobuf:"varint,7,opt,name=btrfs,proto3" json:"btrfs,omitempty"`
+	Overlay     bool   `protobuf:"varint,8,opt,name=overlay,proto3" json:"overlay,omitempty"`
+	IdmapMounts bool   `protobuf:"varint,9,opt,name=idmap_mounts,json=idmapMounts,proto3" json:"idmap_mounts,omitempty"`
+	Sandboxes   int32  `protobuf:"varint,10,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Images      int32  `protobuf:"varint,11,opt,name=images,proto3" json:"images,omitempty"`
+	// templates is how many checkpoints hold live process templates;
+	// template_bytes their private memory, template_budget_bytes its bound.
+	Templates           int32 `protobuf:"varint,12,opt,name=templates,proto3" json:"templates,omitempty"`
+	TemplateBytes       int64 `protobuf:"varint,13,opt,name=template_bytes,json=templateBytes,proto3" json:"template_bytes,omitempty"`
+	TemplateBudgetBytes int64 `protobuf:"varint,14,opt,name=template_budget_bytes,json=templateBudgetBytes,proto3" json:"template_budget_bytes,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -533,6 +538,27 @@ func (x *InfoResponse) GetSandboxes() int32 {
 func (x *InfoResponse) GetImages() int32 {
 	if x != nil {
 		return x.Images
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetTemplates() int32 {
+	if x != nil {
+		return x.Templates
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetTemplateBytes() int64 {
+	if x != nil {
+		return x.TemplateBytes
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetTemplateBudgetBytes() int64 {
+	if x != nil {
+		return x.TemplateBudgetBytes
 	}
 	return 0
 }
@@ -4016,7 +4042,7 @@ var File_deltabox_v1_deltabox_proto protoreflect.FileDescriptor
 const file_deltabox_v1_deltabox_proto_rawDesc = "" +
 	"\n" +
 	"\x1adeltabox/v1/deltabox.proto\x12\vdeltabox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
-	"\vInfoRequest\"\xb5\x02\n" +
+	"\vInfoRequest\"\xae\x03\n" +
 	"\fInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x18\n" +
 	"\astorage\x18\x02 \x01(\tR\astorage\x12\x1b\n" +
@@ -4030,7 +4056,10 @@ const file_deltabox_v1_deltabox_proto_rawDesc = "" +
 	"\fidmap_mounts\x18\t \x01(\bR\vidmapMounts\x12\x1c\n" +
 	"\tsandboxes\x18\n" +
 	" \x01(\x05R\tsandboxes\x12\x16\n" +
-	"\x06images\x18\v \x01(\x05R\x06images\"S\n" +
+	"\x06images\x18\v \x01(\x05R\x06images\x12\x1c\n" +
+	"\ttemplates\x18\f \x01(\x05R\ttemplates\x12%\n" +
+	"\x0etemplate_bytes\x18\r \x01(\x03R\rtemplateBytes\x122\n" +
+	"\x15template_budget_bytes\x18\x0e \x01(\x03R\x13templateBudgetBytes\"S\n" +
 	"\x06Limits\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12\x12\n" +
 	"\x04pids\x18\x02 \x01(\x03R\x04pids\x12\x12\n" +

@@ -12,7 +12,7 @@
 // sandboxes and tools such as bwrap need them; the user namespace holds the
 // capabilities they yield), and it must keep allowing what checkpoint
 // injection makes the workload execute: clone, clone3, setns, mmap, munmap,
-// openat, dup3, lseek, chdir, close, pidfd_open, ptrace,
+// openat, dup3, lseek, chdir, close, pidfd_open, pidfd_getfd, ptrace,
 // process_vm_readv/writev. [MustAllow] lists them and the tests hold the
 // table to it. personality(2) is allowed only for the personas Docker allows
 // (Linux, 32-bit address space, UNAME26 and their query).
@@ -126,7 +126,7 @@ func AllowedPersonalities() []uint64 {
 func MustAllow() []string {
 	return []string{
 		"clone", "clone3", "setns", "unshare", "mmap", "munmap", "mprotect", "openat",
-		"dup3", "lseek", "chdir", "fchdir", "close", "pidfd_open", "ptrace",
+		"dup3", "lseek", "chdir", "fchdir", "close", "pidfd_open", "pidfd_getfd", "ptrace",
 		"process_vm_readv", "process_vm_writev", "rt_sigreturn", "wait4",
 	}
 }

@@ -1,0 +1,881 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/inject"
+	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+)
+
+// Templates are the frozen processes of one checkpoint (the fast path of
+// ../shared/design/ARCHITECTURE.md, "The coupled checkpoint"): the sandbox's
+// idle sessions, stopped in place at the instant of the checkpoint, in the
+// generation they ran in. They never run again; restores and forks clone
+// them into new generations (see generation). Templates are safe for
+// concurrent use; clones of one template are serialised on the tracer.
+type Templates struct {
+	g      *generation   // the generation they ran in; they are the only processes left in it
+	cg     cgroup.Cgroup // theirs and their generation's init's
+	tracer *inject.Tracer
+	procs  []*template
+	// Pause is how long the checkpoint stopped the sessions: from the
+	// attach to the clones running.
+	Pause time.Duration
+
+	mu       sync.Mutex // guards released
+	released bool
+}
+
+// template is one frozen process and what a clone needs to continue it in
+// another generation.
+type template struct {
+	// mu serialises the clones of one template (and Alive's look at it):
+	// while one is made, the template is ptrace-stopped, not in group-stop.
+	mu     sync.Mutex
+	pid    int // host pid
+	start  string
+	kind   SessionKind
+	origin *generation // its parent's (the init that reaps its clones)
+	cwd    string
+	fds    []fdRef
+	tidOff uintptr
+	pc, sp uintptr // where it stopped: a template found elsewhere was resumed
+}
+
+// fdRole says what a clone does with one of its template's fds.
+type fdRole uint8
+
+const (
+	fdReopen fdRole = iota // a file of the sandbox: opened again by path, same flags and offset
+	fdStdin                // the session's stdin pipe: the clone's fresh one
+	fdStdout
+	fdStderr
+)
+
+type fdRef struct {
+	fd    int
+	role  fdRole
+	path  string // fdReopen: the path inside the sandbox
+	flags int    // open flags, from fdinfo
+	pos   int64
+}
+
+// IneligibleError says why a sandbox's processes cannot become templates:
+// which process and what it holds (threads, children, sockets, shared
+// memory). The checkpoint then takes the slow path.
+type IneligibleError struct {
+	Reasons []string
+}
+
+func (e *IneligibleError) Error() string {
+	return "not eligible for process templates: " + strings.Join(e.Reasons, "; ")
+}
+
+// tracer returns the runtime's ptrace thread, started on first use.
+func (r *Runtime) tracerThread() *inject.Tracer {
+	r.tracerOnce.Do(func() { r.tracer = inject.NewTracer() })
+	return r.tracer
+}
+
+// tidOffset finds where the libc of the stopped process p keeps its thread
+// id (a clone must have it rewritten: CLONE_CHILD_SETTID). A session's pid
+// is small in its namespace, so a scan of its thread control block for the
+// value could stop at an unrelated field: the offset is calibrated once on a
+// host process, whose pid is large, and checked on p.
+func (r *Runtime) tidOffset(ctx context.Context, p *inject.Proc) (uintptr, error) {
+	r.tidOnce.Do(func() { r.hostTID, r.hostTIDErr = r.calibrateTID(ctx) })
+	if r.hostTIDErr == nil {
+		if ok, err := p.HasTID(r.hostTID); err == nil && ok {
+			return r.hostTID, nil
+		}
+	}
+	// Another libc than the host's: trust a scan only for a pid no other
+	// field is likely to equal.
+	if ns, err := nsPids(p.Pid()); err == nil && ns[len(ns)-1] >= 1000 {
+		return p.TIDOffset()
+	}
+	return 0, fmt.Errorf("cannot locate its libc's thread id (host calibration: %v)", r.hostTIDErr)
+}
+
+// calibrateTID finds the thread id's offset in a host process (sleep).
+func (r *Runtime) calibrateTID(ctx context.Context) (uintptr, error) {
+	path, err := exec.LookPath("sleep")
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.Command(path, "60")
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	// Attached while it still runs the dynamic loader, the thread pointer
+	// may not be set up: wait until it sleeps.
+	for i := 0; i < 200 && procState(cmd.Process.Pid) != "S"; i++ {
+		time.Sleep(time.Millisecond)
+	}
+	p, err := r.tracerThread().Seize(ctx, cmd.Process.Pid, seizeTimeout)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = p.Detach(false) }()
+	return p.TIDOffset()
+}
+
+// seizeTimeout bounds the attach of one process (a vfork parent never stops).
+const seizeTimeout = 2 * time.Second
+
+// CheckpointTemplates is the checkpoint's fast path. When every process of
+// the sandbox is an idle session (single-threaded, childless, no socket, no
+// writable shared mapping, no call running), it stops them, calls capture
+// (which commits the filesystem at this instant and returns the view of the
+// writable layer the sandbox goes on with), freezes them in place as the
+// templates, and moves the sandbox on into a new generation nested under
+// the old one: a new root on view, and each session cloned from its
+// template. What the sessions see changes only in their pids.
+//
+// It returns an *IneligibleError, having changed nothing, when the sandbox
+// does not qualify, and an error wrapping ErrTooDeep at the nesting limit.
+// name names the templates' cgroup. On any other failure nothing changed
+// either, except that the filesystem commit the caller made stays its own to
+// undo.
+func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture func(context.Context) (layer.View, error)) (_ *Templates, err error) {
+	s.switchMu.Lock()
+	defer s.switchMu.Unlock()
+	s.mu.Lock()
+	old := s.g
+	sessions := make([]*session, 0, len(s.sess))
+	for _, ss := range s.sess {
+		sessions = append(sessions, ss)
+	}
+	destroyed := s.destroyed
+	s.mu.Unlock()
+	if destroyed || !old.alive() {
+		return nil, fmt.Errorf("sandbox %q is not running: %w", s.id, errdefs.ErrFailedPrecondition)
+	}
+	if len(sessions) == 0 {
+		return nil, &IneligibleError{Reasons: []string{"no session to keep"}}
+	}
+	slices.SortFunc(sessions, func(a, b *session) int { return int(a.kind) - int(b.kind) })
+	for _, ss := range sessions {
+		if !ss.mu.TryLock() {
+			return nil, &IneligibleError{Reasons: []string{ss.kind.String() + " session: a call is running"}}
+		}
+		defer ss.mu.Unlock()
+	}
+	if old.level+1 > MaxPidNSLevel {
+		return nil, fmt.Errorf("checkpoint sandbox %q: it is %d generations deep (pid namespace level %d, the kernel allows %d): %w (%w)",
+			s.id, old.level-s.rootLevel(), old.level, MaxPidNSLevel, ErrTooDeep, errdefs.ErrFailedPrecondition)
+	}
+
+	// 1. Which processes: exactly one per session, nothing else.
+	hostPids, err := s.cg.Procs()
+	if err != nil {
+		return nil, err
+	}
+	byPid := map[int]*session{}
+	var reasons []string
+	for _, ss := range sessions {
+		p, err := ss.p.cg.Procs()
+		if err != nil || len(p) != 1 {
+			reasons = append(reasons, fmt.Sprintf("%s session: %d processes", ss.kind, len(p)))
+			continue
+		}
+		byPid[p[0]] = ss
+	}
+	for _, pid := range hostPids {
+		if pid != old.hostPid && byPid[pid] == nil {
+			reasons = append(reasons, fmt.Sprintf("process %d (%s): not an idle session", pid, cmdline(pid)))
+		}
+	}
+	if len(reasons) > 0 {
+		return nil, &IneligibleError{Reasons: reasons}
+	}
+
+	// 2. The next generation, before anything stops: its init boots while
+	//    the sandbox runs.
+	next, err := s.rt.spawnGeneration(ctx, old, s.cg, s.log)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
+	}
+	switched := false // the sandbox lives in next: nothing to undo
+	defer func() {
+		if err != nil && !switched {
+			next.release()
+		}
+	}()
+
+	// 3. Stop the sessions (ptrace: a stopped process cannot fork) and
+	//    check them.
+	tr := s.rt.tracerThread()
+	var stopped []*inject.Proc
+	defer func() {
+		for _, p := range stopped {
+			_ = p.Detach(false) // they go on as they were
+		}
+	}()
+	began := time.Now()
+	tpls := make([]*template, 0, len(byPid))
+	for pid, ss := range byPid {
+		p, err := tr.Seize(ctx, pid, seizeTimeout)
+		if err != nil {
+			return nil, &IneligibleError{Reasons: []string{fmt.Sprintf("%s session (pid %d): %v", ss.kind, pid, err)}}
+		}
+		stopped = append(stopped, p)
+		t, why := inspect(pid, ss)
+		if why != "" {
+			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %s", ss.kind, pid, why))
+			continue
+		}
+		if t.tidOff, err = s.rt.tidOffset(ctx, p); err != nil {
+			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %v", ss.kind, pid, err))
+			continue
+		}
+		t.pc, t.sp = p.Regs().PC(), p.Regs().SP()
+		t.origin = ss.p.origin
+		if t.origin == nil {
+			t.origin = old
+		}
+		tpls = append(tpls, t)
+	}
+	// Nothing else may have appeared meanwhile (a spawn that raced us);
+	// next's init is the one newcomer.
+	if now, err := s.cg.Procs(); err != nil || len(now) != len(hostPids)+1 {
+		reasons = append(reasons, "processes started during the checkpoint")
+	}
+	if len(reasons) > 0 {
+		return nil, &IneligibleError{Reasons: reasons}
+	}
+	seized := time.Now()
+
+	// 4. The filesystem at this instant, and the root of the next
+	//    generation.
+	view, err := capture(ctx)
+	if err != nil {
+		return nil, err
+	}
+	captured := time.Now()
+	target, err := s.mountRoot(view)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && !switched {
+			_ = layer.Unmount(target)
+			os.Remove(target)
+		}
+	}()
+	if err := s.rt.configureInit(ctx, s, next, target); err != nil {
+		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
+	}
+	configured := time.Now()
+
+	// 5. The templates' home, then the clones. From here on the old
+	//    generation holds the templates; the sandbox lives in next.
+	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
+	if err != nil {
+		return nil, err
+	}
+	ts := &Templates{g: old, cg: tcg, tracer: tr, procs: tpls}
+	fresh, cerr := ts.cloneAll(ctx, stopped, next, s)
+	stopped = nil // cloneAll detached them, templates and clones
+	switched = true
+	if cerr != nil {
+		// The sandbox cannot go back; the sessions that failed start
+		// fresh in the new generation.
+		s.log.Warn("checkpoint: clone failed; the session starts fresh", "err", cerr)
+	}
+	cloned := time.Now()
+	ts.Pause = cloned.Sub(began)
+	for _, t := range tpls {
+		_ = tcg.Add(t.pid)
+	}
+	_ = tcg.Add(old.hostPid)
+
+	s.mu.Lock()
+	oldRoot := s.rootfs
+	s.g, s.rootfs = next, target
+	for _, ss := range sessions {
+		delete(s.sess, ss.kind)
+	}
+	for k, ss := range fresh {
+		s.sess[k] = ss
+	}
+	s.mu.Unlock()
+	for _, ss := range sessions {
+		ss.closePipes()
+	}
+	s.detachRoot(oldRoot)
+	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "capture_ms", ms(captured.Sub(seized)),
+		"root_ms", ms(configured.Sub(captured)), "clone_ms", ms(cloned.Sub(configured)))
+	// A clone that failed leaves its session to start fresh on its next
+	// call; the templates are whole all the same.
+	return ts, nil
+}
+
+// atFDCWD is AT_FDCWD as a syscall argument (sign-extended).
+var atFDCWD = func() uintptr { v := unix.AT_FDCWD; return uintptr(v) }()
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// rootLevel is the pid namespace level of the sandbox's tree's root
+// generation.
+func (s *Sandbox) rootLevel() int {
+	g := s.cur()
+	for g.parent != nil {
+		g = g.parent
+	}
+	return g.level
+}
+
+// Depth is how many generations the sandbox's live one is below its tree's
+// root.
+func (s *Sandbox) Depth() int { return s.cur().level - s.rootLevel() }
+
+// inspect reads what a clone of the stopped session process pid needs, or
+// says why it cannot be a template.
+func inspect(pid int, ss *session) (*template, string) {
+	dir := "/proc/" + strconv.Itoa(pid)
+	status, err := os.ReadFile(dir + "/status")
+	if err != nil {
+		return nil, err.Error()
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok && strings.TrimSpace(v) != "1" {
+			return nil, strings.TrimSpace(v) + " threads"
+		}
+	}
+	if b, err := os.ReadFile(dir + "/task/" + strconv.Itoa(pid) + "/children"); err != nil || strings.TrimSpace(string(b)) != "" {
+		return nil, "has child processes"
+	}
+	maps, err := os.ReadFile(dir + "/maps")
+	if err != nil {
+		return nil, err.Error()
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && len(f[1]) == 4 && f[1][1] == 'w' && f[1][3] == 's' {
+			what := "anonymous"
+			if len(f) >= 6 {
+				what = f[5]
+			}
+			return nil, "has a writable shared mapping (" + what + ")"
+		}
+	}
+	roles := map[string]fdRole{}
+	for role, f := range map[fdRole]*os.File{fdStdin: ss.p.stdin, fdStdout: ss.p.stdout, fdStderr: ss.p.stderr} {
+		var st unix.Stat_t
+		if f == nil || unix.Fstat(int(f.Fd()), &st) != nil {
+			return nil, "its stdio is gone"
+		}
+		roles["pipe:["+strconv.FormatUint(st.Ino, 10)+"]"] = role
+	}
+	t := &template{pid: pid, start: startTime(pid), kind: ss.kind}
+	if t.cwd, err = os.Readlink(dir + "/cwd"); err != nil {
+		return nil, err.Error()
+	}
+	if strings.HasSuffix(t.cwd, " (deleted)") {
+		return nil, "its working directory was deleted"
+	}
+	ents, err := os.ReadDir(dir + "/fd")
+	if err != nil {
+		return nil, err.Error()
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		link, err := os.Readlink(dir + "/fd/" + e.Name())
+		if err != nil {
+			return nil, err.Error()
+		}
+		ref := fdRef{fd: fd}
+		if role, ok := roles[link]; ok {
+			ref.role = role
+		} else {
+			switch {
+			case strings.HasPrefix(link, "socket:"):
+				return nil, fmt.Sprintf("holds a socket (fd %d)", fd)
+			case strings.HasPrefix(link, "pipe:"):
+				return nil, fmt.Sprintf("holds a pipe other than its stdio (fd %d)", fd)
+			case !strings.HasPrefix(link, "/"):
+				return nil, fmt.Sprintf("holds %s (fd %d)", link, fd)
+			case strings.HasSuffix(link, " (deleted)"):
+				return nil, fmt.Sprintf("holds a deleted file (fd %d)", fd)
+			}
+			ref.path = link
+		}
+		info, err := os.ReadFile(dir + "/fdinfo/" + e.Name())
+		if err != nil {
+			return nil, err.Error()
+		}
+		for _, line := range strings.Split(string(info), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			v = strings.TrimSpace(v)
+			switch k {
+			case "pos":
+				ref.pos, _ = strconv.ParseInt(v, 10, 64)
+			case "flags":
+				fl, _ := strconv.ParseInt(v, 8, 64)
+				ref.flags = int(fl)
+			}
+		}
+		t.fds = append(t.fds, ref)
+	}
+	return t, ""
+}
+
+// startTime is field 22 of /proc/pid/stat: with the pid, it names one
+// process for good (pids are reused).
+func startTime(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// procState is the state letter of /proc/pid/stat ("T" for stopped).
+func procState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+3 > len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}
+
+func cmdline(pid int) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// cloneAll clones every template into the generation next, as the sessions
+// of sb, and detaches everything: the templates stopped, the clones running.
+// seized are the templates, already attached (the checkpoint's own), or nil
+// to attach them here. It returns the new sessions.
+func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *generation, sb *Sandbox) (map[SessionKind]*session, error) {
+	out := map[SessionKind]*session{}
+	var errs []error
+	for i, t := range ts.procs {
+		var p *inject.Proc
+		if seized != nil {
+			p = seized[i]
+		}
+		ss, err := ts.clone(ctx, t, p, next, sb)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s session: %w", t.kind, err))
+			continue
+		}
+		out[t.kind] = ss
+	}
+	return out, errors.Join(errs...)
+}
+
+// clone makes one clone of t in next: the injection sequence of
+// ../shared/design/branch-namespaces.md. The template switches its pid
+// namespace for children to next's and clones itself (clone(CLONE_PARENT):
+// the clone is its init's child, not the template's); the clone joins next's
+// mount, net, uts and ipc namespaces, goes to its cwd, takes fresh stdio
+// from next's init (pidfd_getfd) and opens its files again at their offsets.
+func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox) (_ *session, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tp == nil {
+		if !t.stopped() {
+			return nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
+		}
+		if tp, err = ts.tracer.Seize(ctx, t.pid, seizeTimeout); err != nil {
+			return nil, err
+		}
+		if r := tp.Regs(); r.PC() != t.pc || r.SP() != t.sp {
+			_ = tp.Detach(true)
+			return nil, fmt.Errorf("template %d was resumed (it is not where it stopped)", t.pid)
+		}
+	}
+	defer func() { _ = tp.Detach(true) }()
+
+	// Fresh stdio: the daemon keeps one end, next's init holds the other
+	// until the clone took it.
+	p := &proc{origin: t.origin, dead: next.deadCh}
+	var theirs [3]*os.File
+	defer func() {
+		for _, f := range theirs {
+			if f != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			p.closeHostEnds()
+		}
+	}()
+	ours := [3]**os.File{&p.stdin, &p.stdout, &p.stderr}
+	for i := range theirs {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		if i == 0 { // the clone reads its stdin, writes the others
+			r, w = w, r
+		}
+		*ours[i], theirs[i] = r, w
+	}
+	held, err := next.request(ctx, message{Op: opHold}, theirs[:]...)
+	if err != nil {
+		return nil, fmt.Errorf("hand over stdio: %w", err)
+	}
+	if len(held.Fds) != 3 {
+		return nil, fmt.Errorf("hand over stdio: init holds %d fds", len(held.Fds))
+	}
+	defer func() { _ = next.c.Send(message{Op: opRelease, Fds: held.Fds}) }()
+
+	ns, err := nsPids(next.hostPid)
+	if err != nil || len(ns) <= ts.g.level {
+		return nil, fmt.Errorf("pid of the new init in the template's namespace: %v", err)
+	}
+	pfd, err := tp.Syscall(unix.SYS_PIDFD_OPEN, uintptr(ns[ts.g.level]), 0)
+	if err != nil {
+		return nil, fmt.Errorf("template: pidfd_open: %w", err)
+	}
+	defer func() { _, _ = tp.Syscall(unix.SYS_CLOSE, pfd) }()
+	if _, err := tp.Syscall(unix.SYS_SETNS, pfd, unix.CLONE_NEWPID); err != nil {
+		return nil, fmt.Errorf("template: setns pid: %w", err)
+	}
+	c, err := tp.Clone(unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tp.FSBase()+t.tidOff)
+	if err != nil {
+		return nil, fmt.Errorf("template: clone: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = c.Kill()
+		}
+	}()
+	if err := ts.enter(c, t, pfd, held.Fds); err != nil {
+		return nil, err
+	}
+	// Its cgroups: the sandbox's in every hierarchy, then its session's.
+	cgName := "session-" + t.kind.String()
+	sb.mu.Lock()
+	cg, ok := sb.children[cgName]
+	if !ok {
+		if cg, err = sb.cg.Child(cgName); err == nil {
+			sb.children[cgName] = cg
+		}
+	}
+	sb.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.cg.Add(c.Pid()); err != nil {
+		return nil, err
+	}
+	if err := cg.Add(c.Pid()); err != nil {
+		return nil, err
+	}
+	p.cg = cg
+	cns, err := nsPids(c.Pid())
+	if err != nil || len(cns) <= t.origin.level {
+		return nil, fmt.Errorf("clone's pids: %v", err)
+	}
+	p.pid = cns[len(cns)-1]
+	p.status = t.origin.waitChan(cns[t.origin.level]) // before it can exit
+	if err := c.Detach(false); err != nil {
+		return nil, fmt.Errorf("start clone: %w", err)
+	}
+	return &session{kind: t.kind, p: p}, nil
+}
+
+// enter runs the clone's side of the sequence: into next's namespaces, cwd,
+// stdio, files.
+func (ts *Templates) enter(c *inject.Proc, t *template, pfd uintptr, held []int) error {
+	if _, err := c.Syscall(unix.SYS_SETNS, pfd, unix.CLONE_NEWNS|unix.CLONE_NEWNET|unix.CLONE_NEWUTS|unix.CLONE_NEWIPC); err != nil {
+		return fmt.Errorf("clone: setns: %w", err)
+	}
+	scratch, err := c.Scratch()
+	if err != nil {
+		return err
+	}
+	str := func(s string) (uintptr, error) {
+		return scratch, c.WriteMem(scratch, append([]byte(s), 0))
+	}
+	at, err := str(t.cwd)
+	if err == nil {
+		_, err = c.Syscall(unix.SYS_CHDIR, at)
+	}
+	if err != nil {
+		return fmt.Errorf("clone: chdir %q: %w", t.cwd, err)
+	}
+	for _, f := range t.fds {
+		var nfd uintptr
+		switch f.role {
+		case fdStdin, fdStdout, fdStderr:
+			nfd, err = c.Syscall(unix.SYS_PIDFD_GETFD, pfd, uintptr(held[f.role-fdStdin]), 0)
+		default:
+			at, err = str(f.path)
+			if err == nil {
+				nfd, err = c.Syscall(unix.SYS_OPENAT, atFDCWD, at,
+					uintptr(f.flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_CLOEXEC), 0)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("clone: reopen fd %d (%s): %w", f.fd, f.path, err)
+		}
+		if _, err := c.Syscall(unix.SYS_DUP3, nfd, uintptr(f.fd), uintptr(f.flags&unix.O_CLOEXEC)); err != nil {
+			return fmt.Errorf("clone: dup3 fd %d: %w", f.fd, err)
+		}
+		_, _ = c.Syscall(unix.SYS_CLOSE, nfd)
+		if f.role == fdReopen && f.pos > 0 {
+			if _, err := c.Syscall(unix.SYS_LSEEK, uintptr(f.fd), uintptr(f.pos), 0); err != nil {
+				return fmt.Errorf("clone: seek fd %d: %w", f.fd, err)
+			}
+		}
+	}
+	_, _ = c.Syscall(unix.SYS_CLOSE, pfd)
+	return nil
+}
+
+// Alive reports whether every template is still there, stopped as it was
+// left: a killed or resumed one must never be cloned.
+func (ts *Templates) Alive() bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.released || !ts.g.alive() {
+		return false
+	}
+	for _, t := range ts.procs {
+		t.mu.Lock()
+		ok := t.stopped()
+		t.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// stopped reports whether the template is there and in group-stop. Right
+// after its detach it may still be on its way into the stop: it is given a
+// moment. The caller holds t.mu.
+func (t *template) stopped() bool {
+	for i := 0; ; i++ {
+		if startTime(t.pid) != t.start {
+			return false
+		}
+		if procState(t.pid) == "T" {
+			return true
+		}
+		if i == 100 {
+			return false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Kinds lists the sessions the templates are of.
+func (ts *Templates) Kinds() []SessionKind {
+	out := make([]SessionKind, len(ts.procs))
+	for i, t := range ts.procs {
+		out[i] = t.kind
+	}
+	return out
+}
+
+// PrivateMemory is what the templates hold alone: their private pages
+// (smaps_rollup's Private_Clean + Private_Dirty), not shared ones, so that
+// pages shared with their clones count once, where they were made.
+func (ts *Templates) PrivateMemory() int64 {
+	var total int64
+	for _, t := range ts.procs {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(t.pid) + "/smaps_rollup")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if ok && (k == "Private_Clean" || k == "Private_Dirty") {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
+
+// Release kills the templates and, once nothing else holds it, their
+// generation. It is idempotent.
+func (ts *Templates) Release() {
+	ts.mu.Lock()
+	done := ts.released
+	ts.released = true
+	ts.mu.Unlock()
+	if done {
+		return
+	}
+	for _, t := range ts.procs {
+		if startTime(t.pid) == t.start {
+			_ = unix.Kill(t.pid, unix.SIGKILL)
+		}
+	}
+	ts.g.release()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = ts.cg.Delete(ctx)
+}
+
+// RestoreTemplates restores the sandbox in place to a checkpoint's
+// templates: a new generation nested under theirs, a root on view (a fresh
+// writable branch of the checkpoint's layer), every template cloned into
+// it; then the old generation, with everything that ran in it, is killed.
+// It returns the sessions it cloned: one whose clone failed starts fresh on
+// its next call. On error the sandbox is left as it was.
+func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Templates) (cloned []SessionKind, err error) {
+	s.switchMu.Lock()
+	defer s.switchMu.Unlock()
+	if !ts.Alive() {
+		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
+	}
+	next, err := s.rt.spawnGeneration(ctx, ts.g, s.cg, s.log)
+	if err != nil {
+		return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
+	}
+	defer func() {
+		if err != nil {
+			next.release()
+		}
+	}()
+	target, err := s.mountRoot(view)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = layer.Unmount(target)
+			os.Remove(target)
+		}
+	}()
+	if err := s.rt.configureInit(ctx, s, next, target); err != nil {
+		return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
+	}
+	// The old processes go first: their sessions' cgroups take the clones.
+	s.mu.Lock()
+	oldG, oldRoot, sessions, children := s.g, s.rootfs, s.sess, s.children
+	s.g, s.rootfs = next, target
+	s.sess, s.children = map[SessionKind]*session{}, map[string]cgroup.Cgroup{}
+	s.replay = map[SessionKind]string{}
+	s.mu.Unlock()
+	oldG.release()
+	for _, ss := range sessions {
+		ss.closePipes()
+	}
+	for _, cg := range children {
+		_ = cg.Delete(ctx)
+	}
+	s.detachRoot(oldRoot)
+	fresh, cerr := ts.cloneAll(ctx, nil, next, s)
+	s.mu.Lock()
+	for k, ss := range fresh {
+		s.sess[k] = ss
+		cloned = append(cloned, k)
+	}
+	s.mu.Unlock()
+	if cerr != nil {
+		s.log.Warn("restore: clone failed; the session starts fresh", "err", cerr)
+	}
+	return cloned, nil
+}
+
+// ForkTemplates starts a new sandbox (as Start does, spec giving its id,
+// cgroup limits and root) whose processes are clones of the templates, in
+// a new generation nested under theirs. spec.IDs must be the templates'
+// tree's.
+func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (_ *Sandbox, err error) {
+	if !ts.Alive() {
+		return nil, fmt.Errorf("fork into %q: the templates are gone: %w", spec.ID, errdefs.ErrFailedPrecondition)
+	}
+	sb, err := r.prepare(ctx, spec.ID, spec.IDs, spec.Limits, ts.g)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Finish(ctx, sb, spec); err != nil {
+		return nil, err
+	}
+	sb.switchMu.Lock()
+	defer sb.switchMu.Unlock()
+	fresh, err := ts.cloneAll(ctx, nil, sb.cur(), sb)
+	sb.mu.Lock()
+	for k, ss := range fresh {
+		sb.sess[k] = ss
+	}
+	sb.mu.Unlock()
+	if err != nil {
+		_ = sb.Destroy(context.Background())
+		return nil, fmt.Errorf("fork into %q: %w", spec.ID, err)
+	}
+	return sb, nil
+}
+
+// mountRoot mounts an overlay of view over the sandbox's image lowers at a
+// new mount point of its run directory.
+func (s *Sandbox) mountRoot(view layer.View) (string, error) {
+	s.mu.Lock()
+	s.roots++
+	target := filepath.Join(s.dir, "rootfs."+strconv.Itoa(s.roots))
+	s.mu.Unlock()
+	if view.Upper != "" {
+		for _, d := range []string{view.Upper, view.Work} {
+			if err := os.Chown(d, int(s.ids.HostBase), int(s.ids.HostBase)); err != nil {
+				return "", fmt.Errorf("chown layer: %w", err)
+			}
+		}
+	}
+	if err := os.Mkdir(target, 0o755); err != nil {
+		return "", err
+	}
+	if err := layer.MountOverlay(view, s.lowers, target); err != nil {
+		os.Remove(target)
+		return "", err
+	}
+	return target, nil
+}
+
+// detachRoot detaches an old root's host mount in the background (the
+// processes that still use it keep it alive). Destroy waits for it.
+func (s *Sandbox) detachRoot(old string) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		if err := unix.Unmount(old, unix.MNT_DETACH); err != nil {
+			s.log.Warn("detach old root", "err", err)
+		}
+		_ = os.Remove(old)
+	}()
+}

@@ -1,0 +1,176 @@
+//go:build linux
+
+package statemgr
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"time"
+
+	"github.com/deltabox/deltabox/internal/daemon"
+	"github.com/deltabox/deltabox/internal/sandbox"
+)
+
+// heldTemplates are one checkpoint's process templates, as the manager keeps
+// them in memory: they die with the daemon (their checkpoint then falls back
+// to its session data).
+type heldTemplates struct {
+	ts       *sandbox.Templates
+	retired  string // the sandbox's writable layer before the checkpoint: the templates' root, removed with them
+	lastUsed time.Time
+	bytes    int64 // private memory, measured when made
+}
+
+// templatesOf returns a checkpoint's live templates, or nil and why they
+// are unusable.
+func (m *Manager) templatesOf(ck *ckRecord) (*sandbox.Templates, string) {
+	if !ck.Templates {
+		return nil, ""
+	}
+	m.mu.Lock()
+	h := m.tpl[ck.ID]
+	why := m.tplGone[ck.ID]
+	m.mu.Unlock()
+	if h == nil {
+		if why == "" {
+			why = "its process templates are gone (the daemon restarted)"
+		}
+		return nil, why
+	}
+	if !h.ts.Alive() {
+		m.dropTemplates(ck.ID, "a process template was killed or resumed")
+		return nil, "a process template was killed or resumed"
+	}
+	m.mu.Lock()
+	h.lastUsed = time.Now()
+	m.mu.Unlock()
+	return h.ts, ""
+}
+
+// keepTemplates registers a checkpoint's templates and evicts the least
+// recently used ones past the memory budget.
+func (m *Manager) keepTemplates(ckID string, ts *sandbox.Templates, retired string) {
+	h := &heldTemplates{ts: ts, retired: retired, lastUsed: time.Now(), bytes: ts.PrivateMemory()}
+	m.mu.Lock()
+	m.tpl[ckID] = h
+	m.mu.Unlock()
+	m.enforceBudget()
+}
+
+// enforceBudget evicts templates, least recently used first, until their
+// private memory fits the budget.
+func (m *Manager) enforceBudget() {
+	m.mu.Lock()
+	type entry struct {
+		id string
+		h  *heldTemplates
+	}
+	var all []entry
+	var total int64
+	for id, h := range m.tpl {
+		all = append(all, entry{id, h})
+		total += h.bytes
+	}
+	m.mu.Unlock()
+	if total <= m.tplBudget {
+		return
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].h.lastUsed.Before(all[j].h.lastUsed) })
+	for _, e := range all {
+		if total <= m.tplBudget {
+			break
+		}
+		m.log.Info("evicting process templates past the memory budget", "checkpoint", e.id, "bytes", e.h.bytes, "budget", m.tplBudget)
+		m.dropTemplates(e.id, "its process templates were evicted (memory budget)")
+		total -= e.h.bytes
+	}
+}
+
+// dropTemplates kills a checkpoint's templates and records why, for its
+// process states. Its checkpoint keeps its filesystem and session data.
+func (m *Manager) dropTemplates(ckID, why string) {
+	m.mu.Lock()
+	h := m.tpl[ckID]
+	delete(m.tpl, ckID)
+	if why != "" {
+		m.tplGone[ckID] = why
+	}
+	m.mu.Unlock()
+	if h == nil {
+		return
+	}
+	h.ts.Release()
+	if h.retired != "" {
+		if err := m.layers.Remove(context.Background(), h.retired); err != nil {
+			m.log.Warn("templates: root layer kept for GC", "layer", h.retired, "err", err)
+		}
+	}
+}
+
+// retiredLayers are the layers held by live templates (gc keeps them).
+func (m *Manager) retiredLayers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, h := range m.tpl {
+		if h.retired != "" {
+			out = append(out, h.retired)
+		}
+	}
+	return out
+}
+
+// Templates reports how many checkpoints hold live templates and their
+// private memory.
+func (m *Manager) Templates() (count int, bytes, budget int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, h := range m.tpl {
+		count++
+		bytes += h.bytes
+	}
+	return count, bytes, m.tplBudget
+}
+
+// ckProcesses is a checkpoint's process states as of now: a template path
+// whose templates are gone reads as the fallback (session data replayed for
+// the shell, a fresh session otherwise) with the reason.
+func (m *Manager) ckProcesses(ck *ckRecord) []daemon.ProcessState {
+	out := append([]daemon.ProcessState(nil), ck.Processes...)
+	if !ck.Templates {
+		return out
+	}
+	if _, why := m.templatesOf(ck); why != "" {
+		for i := range out {
+			if out[i].Path != daemon.PathTemplate {
+				continue
+			}
+			if out[i].Name == "shell session" && ck.HasShell {
+				out[i].Path = daemon.PathReplay
+			} else {
+				out[i].Path = daemon.PathNone
+			}
+			out[i].Reason = why
+		}
+	}
+	return out
+}
+
+func templateProcesses(ts *sandbox.Templates) []daemon.ProcessState {
+	var out []daemon.ProcessState
+	for _, k := range ts.Kinds() {
+		out = append(out, daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate})
+	}
+	return out
+}
+
+// ineligibleReasons says, per process, why a checkpoint did not take the
+// template path.
+func ineligibleReasons(err error) string {
+	var ie *sandbox.IneligibleError
+	if errors.As(err, &ie) {
+		return ie.Error()
+	}
+	return err.Error()
+}

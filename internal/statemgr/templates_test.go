@@ -1,0 +1,343 @@
+//go:build linux
+
+package statemgr_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/deltabox/deltabox/internal/daemon"
+	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/statemgr"
+	"github.com/deltabox/deltabox/internal/testutil"
+	"github.com/deltabox/deltabox/internal/testutil/sandboxtest"
+)
+
+// paths maps each process of a checkpoint or restore to its path.
+func paths(ps []daemon.ProcessState) map[string]daemon.ProcessPath {
+	out := map[string]daemon.ProcessPath{}
+	for _, p := range ps {
+		out[p.Name] = p.Path
+	}
+	return out
+}
+
+func wantTemplates(t *testing.T, what string, ps []daemon.ProcessState, kinds ...string) {
+	t.Helper()
+	got := paths(ps)
+	for _, k := range kinds {
+		if got[k+" session"] != daemon.PathTemplate {
+			t.Fatalf("%s: %s session path %q, want template (%+v)", what, k, got[k+" session"], ps)
+		}
+	}
+}
+
+// pyState is a python snippet that prints a hash of the session's state:
+// the heap, rich objects, a generator mid-iteration and a half-read file
+// with its offset. It advances the generator and the file, so it is run
+// once per state to compare.
+const pyState = `import hashlib
+h = hashlib.sha256()
+h.update(bytes(big[::4096]))
+h.update(repr(sorted(objs.items())).encode())
+h.update(repr(next(gen)).encode())
+h.update(f.read(5).encode())
+h.update(repr(f.tell()).encode())
+print(h.hexdigest(), len(big))`
+
+func TestTemplatePythonHeapRestoredExactly(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	sh(t, m, id, `seq 1 100000 > /work/numbers`)
+	setup := `import collections, fractions
+big = bytearray(200 << 20)
+for i in range(0, len(big), 4096):
+    big[i] = i // 4096 % 251
+class Point:
+    def __init__(s, x, y): s.x, s.y = x, y
+    def __repr__(s): return "Point(%r, %r)" % (s.x, s.y)
+objs = {"p": Point(1, 2.5), "q": collections.deque([1, "two", (3,)]), "fr": fractions.Fraction(22, 7), "nested": {"a": [1, {2, 3}]}}
+gen = (i * i for i in range(10**6))
+next(gen); next(gen)
+f = open("/work/numbers")
+f.read(17)
+None`
+	if r := session(t, m, id, sandbox.SessionPython, setup); r.ExitCode != 0 {
+		t.Fatalf("setup: %s", r.stderr)
+	}
+	ck := checkpoint(t, m, id, "heap")
+	wantTemplates(t, "checkpoint", ck.Processes, "python")
+	want := session(t, m, id, sandbox.SessionPython, pyState).stdout
+
+	// Change all of it, then come back.
+	session(t, m, id, sandbox.SessionPython, `big[0:4096*10:4096] = b"\xff"*10; objs["p"].x = 99; objs.clear(); [next(gen) for _ in range(5)]; f.seek(0)`)
+	if got := session(t, m, id, sandbox.SessionPython, pyState).stdout; got == want {
+		t.Fatalf("the changes changed nothing: the test cannot tell")
+	}
+	for i := 0; i < 3; i++ {
+		res := restore(t, m, id, ck.ID)
+		wantTemplates(t, "restore", res.Processes, "python")
+		if got := session(t, m, id, sandbox.SessionPython, pyState).stdout; got != want {
+			t.Fatalf("restore %d: state %q, want %q", i+1, got, want)
+		}
+	}
+	// The file descriptor was opened again in the new root, at its offset,
+	// and writes to the restored file go to the sandbox's own layer.
+	if r := session(t, m, id, sandbox.SessionPython, `import os; print(os.readlink("/proc/self/fd/%d" % f.fileno()))`); r.stdout != "/work/numbers\n" {
+		t.Errorf("file after restore: %q %q", r.stdout, r.stderr)
+	}
+}
+
+func TestTemplateShellStateRestored(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionShell, `mkdir -p /work/d && cd /work/d; export E=exported; V="two words"; declare -a ARR=(1 "2 3"); f() { echo "f:$1"; }; alias hi='echo hi'; set -o noclobber; trap 'echo bye' USR1; umask 027; NOT_EXPORTED=$RANDOM$RANDOM`)
+	before := session(t, m, id, sandbox.SessionShell, `echo $NOT_EXPORTED $$ $BASHPID`).stdout
+	ck := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "shell")
+	session(t, m, id, sandbox.SessionShell, `cd /; unset E V ARR NOT_EXPORTED; unset -f f; unalias hi; set +o noclobber; trap - USR1; umask 022`)
+
+	res := restore(t, m, id, ck.ID)
+	wantTemplates(t, "restore", res.Processes, "shell")
+	r := session(t, m, id, sandbox.SessionShell, `pwd; echo "$E|$V|${ARR[1]}|$(f x)"; hi; set -o | grep noclobber | tr -s ' \t' ' '; trap -p USR1; umask`)
+	want := "/work/d\nexported|two words|2 3|f:x\nhi\nnoclobber on\ntrap -- 'echo bye' SIGUSR1\n0027\n"
+	if r.stdout != want {
+		t.Errorf("shell state after restore:\n%q\nwant\n%q\n(stderr %q)", r.stdout, want, r.stderr)
+	}
+	// The same process memory, not a replay: a variable nobody exported or
+	// recorded is back. Only the pid differs ($$ is bash's cached pid, so
+	// it stays; the kernel's pid is new).
+	after := session(t, m, id, sandbox.SessionShell, `echo $NOT_EXPORTED $$ $BASHPID`).stdout
+	bf, af := strings.Fields(before), strings.Fields(after)
+	if len(bf) != 3 || len(af) != 3 || bf[0] != af[0] || bf[1] != af[1] {
+		t.Errorf("shell identity: before %q after %q", before, after)
+	}
+}
+
+func TestTemplateHundredRestores(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, "n = 0")
+	session(t, m, id, sandbox.SessionShell, "n=0")
+	ck := checkpoint(t, m, id, "")
+	for i := 0; i < 100; i++ {
+		session(t, m, id, sandbox.SessionPython, "n += 1")
+		session(t, m, id, sandbox.SessionShell, "n=$((n+1)); echo x > /work/f"+strconv.Itoa(i))
+		res := restore(t, m, id, ck.ID)
+		wantTemplates(t, "restore "+strconv.Itoa(i), res.Processes, "python", "shell")
+		if r := session(t, m, id, sandbox.SessionPython, "n"); r.stdout != "0\n" {
+			t.Fatalf("restore %d: python n = %q", i, r.stdout)
+		}
+		if r := session(t, m, id, sandbox.SessionShell, "echo $n; ls /work | wc -l"); r.stdout != "0\n0\n" {
+			t.Fatalf("restore %d: shell %q", i, r.stdout)
+		}
+	}
+	// Nothing piles up: one generation of processes, however many restores.
+	if r := sh(t, m, id, `ls -d /proc/[0-9]* | wc -l`); strings.TrimSpace(r.stdout) != "6" { // init, 2 sessions, bash, ls, wc
+		t.Errorf("processes in the sandbox after 100 restores: %s", r.stdout)
+	}
+}
+
+// visible lists the processes a python session sees, itself as 'me'.
+const visible = `[1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit())]`
+
+// signallable lists the pids a python session can signal other than itself
+// and its init's threads.
+const signallable = `
+ours = {os.getpid()} | {int(t) for t in os.listdir("/proc/1/task")}
+bad = []
+for p in range(2, 400):
+    if p in ours:
+        continue
+    try:
+        os.kill(p, 0); bad.append(p)
+    except ProcessLookupError:
+        pass
+bad`
+
+func TestTemplateForksAreIsolated(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, "import os\nx = 'source'")
+	ck := checkpoint(t, m, id, "")
+	session(t, m, id, sandbox.SessionPython, "x = 'source after'")
+	res, err := m.Fork(context.Background(), ck.ID, 16)
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, f := range res.IDs {
+			_ = m.DeleteSandbox(context.Background(), f, true)
+		}
+	})
+	var wg sync.WaitGroup
+	errs := make(chan error, 3*len(res.IDs))
+	for i, f := range res.IDs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := session(t, m, f, sandbox.SessionPython, "x"); r.stdout != "'source'\n" {
+				errs <- fmt.Errorf("fork %d: x = %q (%s)", i, r.stdout, r.stderr)
+				return
+			}
+			session(t, m, f, sandbox.SessionPython, fmt.Sprintf("x = 'fork %d'", i))
+			// It sees only its own generation: its init and its session.
+			r := session(t, m, f, sandbox.SessionPython, visible)
+			if r.stdout != "[1, 'me']\n" {
+				errs <- fmt.Errorf("fork %d: /proc shows %q", i, r.stdout)
+			}
+			// Nothing else can be signalled: every pid of its namespace is
+			// itself or a thread of its init.
+			r = session(t, m, f, sandbox.SessionPython, signallable)
+			if r.stdout != "[]\n" {
+				errs <- fmt.Errorf("fork %d: can signal %q", i, r.stdout)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for i, f := range res.IDs {
+		if r := session(t, m, f, sandbox.SessionPython, "x"); r.stdout != fmt.Sprintf("'fork %d'\n", i) {
+			t.Errorf("fork %d after the others ran: %q", i, r.stdout)
+		}
+	}
+	if r := session(t, m, id, sandbox.SessionPython, "x"); r.stdout != "'source after'\n" {
+		t.Errorf("source after forks: %q", r.stdout)
+	}
+	// The source sees neither its templates nor its forks.
+	if r := session(t, m, id, sandbox.SessionPython, visible); r.stdout != "[1, 'me']\n" {
+		t.Errorf("source /proc: %q", r.stdout)
+	}
+	if r := session(t, m, id, sandbox.SessionPython, signallable); r.stdout != "[]\n" {
+		t.Errorf("source can signal %q", r.stdout)
+	}
+}
+
+func TestTemplateKilledDowngradesCheckpoint(t *testing.T) {
+	for _, how := range []string{"killed", "resumed", "evicted"} {
+		t.Run(how, func(t *testing.T) {
+			m := sandboxtest.NewManager(t, func(o *statemgr.Options) {
+				if how == "evicted" {
+					o.TemplateBudget = 1 // any template is past it
+				}
+			})
+			id := create(t, m, sandbox.Config{})
+			session(t, m, id, sandbox.SessionShell, "V=kept")
+			ck := checkpoint(t, m, id, "")
+			if how != "evicted" {
+				wantTemplates(t, "checkpoint", ck.Processes, "shell")
+				tpl := templatePids(t, m, ck.ID)
+				sig := syscall.SIGKILL
+				if how == "resumed" {
+					sig = syscall.SIGCONT
+				}
+				for _, p := range tpl {
+					if err := syscall.Kill(p, sig); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			got, err := m.GetCheckpoint(context.Background(), ck.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := paths(got.Processes)["shell session"]; p != daemon.PathReplay || !strings.Contains(got.Processes[0].Reason, "template") {
+				t.Errorf("checkpoint after the template was %s: %+v", how, got.Processes)
+			}
+			session(t, m, id, sandbox.SessionShell, "V=changed")
+			res := restore(t, m, id, ck.ID)
+			if p := paths(res.Processes)["shell session"]; p != daemon.PathReplay {
+				t.Errorf("restore: %+v", res.Processes)
+			}
+			if r := session(t, m, id, sandbox.SessionShell, "echo $V"); r.stdout != "kept\n" {
+				t.Errorf("restored V = %q", r.stdout)
+			}
+			if tr, err := m.Tree(context.Background(), id); err != nil || !strings.Contains(fmt.Sprint(tr.Checkpoints[0].Processes), "template") {
+				t.Errorf("tree does not say why: %+v %v", tr.Checkpoints, err)
+			}
+		})
+	}
+}
+
+// templatePids finds a checkpoint's template processes: stopped, in the
+// checkpoint's templates cgroup.
+func templatePids(t *testing.T, m *statemgr.Manager, ckID string) []int {
+	t.Helper()
+	pids, err := testutil.CgroupProcs("tpl-" + ckID)
+	if err != nil {
+		t.Fatalf("templates of %s: %v", ckID, err)
+	}
+	var out []int
+	for _, p := range pids {
+		if testutil.ProcState(p) == "T" {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no stopped template in the cgroup of %s (%v)", ckID, pids)
+	}
+	return out
+}
+
+func TestIneligibleSandboxSaysWhy(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionShell, "V=1")
+	session(t, m, id, sandbox.SessionPython, "import threading, time\nth = threading.Thread(target=time.sleep, args=(3600,), daemon=True); th.start()")
+	ck := checkpoint(t, m, id, "")
+	p := paths(ck.Processes)
+	if p["shell session"] != daemon.PathReplay || p["python session"] != daemon.PathNone {
+		t.Errorf("paths: %+v", ck.Processes)
+	}
+	if s := fmt.Sprint(ck.Processes); !strings.Contains(s, "python session") || !strings.Contains(s, "2 threads") {
+		t.Errorf("the reason does not name the process and its threads: %s", s)
+	}
+	// Sockets too.
+	id2 := create(t, m, sandbox.Config{})
+	session(t, m, id2, sandbox.SessionPython, "import socket\ns = socket.socket()")
+	ck2 := checkpoint(t, m, id2, "")
+	if s := fmt.Sprint(ck2.Processes); !strings.Contains(s, "socket") {
+		t.Errorf("a socket is not named: %s", s)
+	}
+}
+
+func TestTemplateGenerationDepthLimit(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	var cks []string
+	for i := 1; ; i++ {
+		session(t, m, id, sandbox.SessionShell, "depth="+strconv.Itoa(i))
+		ck, err := m.Checkpoint(context.Background(), id, daemon.CheckpointOptions{})
+		if err != nil {
+			if !errors.Is(err, sandbox.ErrTooDeep) || !strings.Contains(err.Error(), "generations deep") {
+				t.Fatalf("checkpoint %d: %v, want a clear depth error", i, err)
+			}
+			if i <= 30 {
+				t.Fatalf("checkpoint %d hit the depth limit; 30 must work: %v", i, err)
+			}
+			break
+		}
+		wantTemplates(t, "checkpoint "+strconv.Itoa(i), ck.Processes, "shell")
+		cks = append(cks, ck.ID)
+		if i > 40 {
+			t.Fatalf("no depth limit after %d checkpoints", i)
+		}
+	}
+	// The chain still works: back to the first and the deepest.
+	for _, c := range []int{0, len(cks) - 1} {
+		res := restore(t, m, id, cks[c])
+		wantTemplates(t, "restore", res.Processes, "shell")
+		if r := session(t, m, id, sandbox.SessionShell, "echo $depth"); r.stdout != strconv.Itoa(c+1)+"\n" {
+			t.Errorf("restore to checkpoint %d: depth=%q", c+1, r.stdout)
+		}
+	}
+}
