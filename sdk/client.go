@@ -201,8 +201,8 @@ type SystemInfo struct {
 	Templates      int   `json:"templates"`
 	TemplateBytes  int64 `json:"template_bytes"`
 	TemplateBudget int64 `json:"template_budget_bytes"`
-	Sandboxes   int    `json:"sandboxes"`
-	Images      int    `json:"images"`
+	Sandboxes      int   `json:"sandboxes"`
+	Images         int   `json:"images"`
 }
 
 // Info describes the daemon.

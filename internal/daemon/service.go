@@ -40,9 +40,9 @@ func (s *service) Info(ctx context.Context, _ *connect.Request[v1.InfoRequest]) 
 		Btrfs:       si.Btrfs,
 		Overlay:     si.Overlay,
 		IdmapMounts: si.IDMapMounts,
-		Templates: int32(si.Templates), TemplateBytes: si.TemplateBytes, TemplateBudgetBytes: si.TemplateBudget,
-		Sandboxes:   int32(si.Sandboxes),
-		Images:      int32(si.Images),
+		Templates:   int32(si.Templates), TemplateBytes: si.TemplateBytes, TemplateBudgetBytes: si.TemplateBudget,
+		Sandboxes: int32(si.Sandboxes),
+		Images:    int32(si.Images),
 	}), nil
 }
 
