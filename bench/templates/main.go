@@ -40,8 +40,9 @@ func main() {
 	heaps := flag.String("heaps", "10,200,1024", "python heap sizes, in MiB")
 	runs := flag.Int("runs", 10, "checkpoints and restores per heap")
 	forks := flag.Int("forks", 64, "forks of one checkpoint")
+	think := flag.Duration("think", 300*time.Millisecond, "pause between an agent's steps (an LLM call takes seconds): the daemon prepares the next generation meanwhile")
 	flag.Parse()
-	if err := run(*heaps, *runs, *forks); err != nil {
+	if err := run(*heaps, *runs, *forks, *think); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -76,7 +77,7 @@ func (s stat) String() string {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func run(heapList string, runs, forks int) error {
+func run(heapList string, runs, forks int, think time.Duration) error {
 	ctx := context.Background()
 	root, err := os.MkdirTemp("", "deltabox-bench-")
 	if err != nil {
@@ -94,7 +95,7 @@ func run(heapList string, runs, forks int) error {
 	defer m.Close()
 	info, _ := m.SystemInfo(ctx)
 	thp, _ := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
-	fmt.Printf("deltabox template benchmark: storage=%s kernel=%s thp=%q, %d runs per heap\n\n", info.Storage, info.Kernel, strings.TrimSpace(string(thp)), runs)
+	fmt.Printf("deltabox template benchmark: storage=%s kernel=%s thp=%q, %d runs per heap, %v between steps\n\n", info.Storage, info.Kernel, strings.TrimSpace(string(thp)), runs, think)
 	fmt.Printf("%-34s %8s %8s %8s %8s  %s\n", "what (ms)", "median", "p95", "min", "max", "published (paper v1 / v2)")
 
 	py := func(id, code string) (string, error) {
@@ -134,6 +135,7 @@ func run(heapList string, runs, forks int) error {
 				if _, err := py(in.ID, "n += 1; heap[0] = 2"); err != nil {
 					return err
 				}
+				time.Sleep(think)
 				began := time.Now()
 				res, err := m.Restore(ctx, in.ID, ck.ID)
 				if err != nil {
@@ -144,6 +146,7 @@ func run(heapList string, runs, forks int) error {
 				if out, err := py(in.ID, "n, heap[0]"); err != nil || out != "(0, 1)\n" {
 					return fmt.Errorf("restored state %q: %v", out, err)
 				}
+				time.Sleep(think)
 			}
 			pages := "4K pages"
 			if huge {

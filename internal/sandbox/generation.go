@@ -55,6 +55,8 @@ type generation struct {
 	dead    bool
 	deadCh  chan struct{}
 	refs    int
+	socket  string // persisted: where its init waits for the next daemon (see persist)
+	started string // persisted: its start time, which names it with its pid
 }
 
 // MaxPidNSLevel is the kernel's limit on pid namespace nesting

@@ -44,8 +44,10 @@ func RunInit() {
 }
 
 type initState struct {
-	c    *conn
-	home *os.File // the sandbox cgroup's v1 "tasks" file: spawning threads return there
+	cmu      sync.Mutex // guards c, which a reconnect replaces
+	c        *conn
+	listener int      // opPersist: where the next daemon connects; -1 when the init dies with its daemon
+	home     *os.File // the sandbox cgroup's v1 "tasks" file: spawning threads return there
 	// filter is the workload's seccomp filter. The init itself is not
 	// filtered (it replaces its root on restore); each process it starts is
 	// forked from a throwaway thread that loaded the filter.
@@ -71,7 +73,7 @@ func runInit() error {
 		return err
 	}
 	ctl.Close()
-	st := &initState{c: c, children: map[int]bool{}, held: map[int]*os.File{}}
+	st := &initState{c: c, listener: -1, children: map[int]bool{}, held: map[int]*os.File{}}
 	// Unasked: a nested init's daemon learns our host pid from this
 	// message's credentials.
 	if err := c.Send(message{Op: opHello}); err != nil {
@@ -126,6 +128,15 @@ func runInit() error {
 	}
 	for {
 		m, files, err := c.Recv()
+		if err != nil && st.listener >= 0 {
+			// A generation that holds templates outlives its daemon: it
+			// waits for the next one.
+			c.Close()
+			if c, err = st.accept(); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			// The daemon is gone: take the sandbox down with us.
 			if errors.Is(err, errClosed) {
@@ -161,6 +172,21 @@ func runInit() error {
 				continue
 			}
 			go st.generate(m, files[0])
+		case opPersist:
+			if len(files) != 1 || st.listener >= 0 {
+				closeFiles(files)
+				_ = c.Send(message{Op: opError, ID: m.ID, Err: "persist: want one listening socket, once"})
+				continue
+			}
+			fd, err := unix.Dup(int(files[0].Fd()))
+			files[0].Close()
+			if err != nil {
+				_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+				continue
+			}
+			unix.CloseOnExec(fd)
+			st.listener = fd
+			_ = c.Send(message{Op: opReady, ID: m.ID})
 		case opHold:
 			fds := make([]int, len(files))
 			for i, f := range files {
@@ -198,7 +224,7 @@ func runInit() error {
 func (st *initState) spawn(m message, files []*os.File) {
 	defer closeFiles(files)
 	req := m.Spawn
-	fail := func(err error) { _ = st.c.Send(message{Op: opError, ID: m.ID, Err: err.Error()}) }
+	fail := func(err error) { _ = st.send(message{Op: opError, ID: m.ID, Err: err.Error()}) }
 	if req == nil || len(req.Argv) == 0 {
 		fail(errors.New("spawn: no command"))
 		return
@@ -278,7 +304,44 @@ func (st *initState) spawn(m message, files []*os.File) {
 		fail(fmt.Errorf("spawn %q: %w", req.Argv[0], err))
 		return
 	}
-	_ = st.c.Send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+	_ = st.send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+}
+
+// send sends m on the current control connection.
+func (st *initState) send(m message) error {
+	st.cmu.Lock()
+	c := st.c
+	st.cmu.Unlock()
+	return c.Send(m)
+}
+
+// accept waits for the next daemon on the listener and makes its connection
+// the control connection. What the init reported meanwhile (exits) is lost:
+// the new daemon re-adopts templates, whose state does not depend on it.
+func (st *initState) accept() (*conn, error) {
+	for {
+		fd, _, err := unix.Accept4(st.listener, unix.SOCK_CLOEXEC)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.ECONNABORTED) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("accept a daemon: %w", err)
+		}
+		f := os.NewFile(uintptr(fd), "control")
+		c, err := newConn(f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		if err := c.Send(message{Op: opHello}); err != nil {
+			c.Close()
+			continue
+		}
+		st.cmu.Lock()
+		st.c = c
+		st.cmu.Unlock()
+		return c, nil
+	}
 }
 
 // generate starts the init of a child generation: the same binary, in new
@@ -291,7 +354,7 @@ func (st *initState) generate(m message, ctl *os.File) {
 	defer ctl.Close()
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		_ = st.c.Send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
+		_ = st.send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
 		return
 	}
 	defer null.Close()
@@ -306,10 +369,10 @@ func (st *initState) generate(m message, ctl *os.File) {
 	}
 	pid, err := syscall.ForkExec("/proc/self/exe", []string{"deltabox-init"}, attr)
 	if err != nil {
-		_ = st.c.Send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
+		_ = st.send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
 		return
 	}
-	_ = st.c.Send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+	_ = st.send(message{Op: opSpawned, ID: m.ID, Pid: pid})
 }
 
 // reap reaps every child on SIGCHLD and reports the exits of the processes
@@ -329,7 +392,7 @@ func (st *initState) reap(sigs <-chan os.Signal) {
 			st.mu.Unlock()
 			// Orphans include the clones of templates, which are our
 			// children by clone(CLONE_PARENT): the daemon waits for them.
-			_ = st.c.Send(message{Op: opExited, Pid: pid, Status: int(ws), Orphan: !ours})
+			_ = st.send(message{Op: opExited, Pid: pid, Status: int(ws), Orphan: !ours})
 		}
 	}
 }

@@ -41,6 +41,10 @@ const (
 	// pidfd_getfd, its way of receiving fresh stdio inside its namespaces.
 	opHold    = "hold"
 	opRelease = "release" // daemon -> init: close the held Fds
+	// opPersist gives a generation that holds templates a listening socket:
+	// from then on the init outlives its daemon and serves the next one that
+	// connects (re-adoption after a restart); files: the listener.
+	opPersist = "persist"
 )
 
 // maxPacket bounds one message (argv and env included).

@@ -147,7 +147,7 @@ func killIdleSessions(s *Sandbox, sessions map[SessionKind]*session, children ma
 		pids = append(pids, p[0])
 	}
 	all, err := s.cg.Procs()
-	if err != nil || len(all) != len(pids)+1 {
+	if err != nil || len(all) != len(pids)+len(s.initPids()) {
 		return false
 	}
 	for _, p := range pids {
@@ -160,14 +160,14 @@ func killIdleSessions(s *Sandbox, sessions map[SessionKind]*session, children ma
 // with the sandbox frozen so that none can fork in between. The processes
 // die when it is thawed, on return.
 func (s *Sandbox) killAllButInit(ctx context.Context) error {
-	initPid := s.InitPid()
+	inits := s.initPids()
 	if err := s.cg.Freeze(ctx); err != nil {
 		_ = s.cg.Thaw(context.Background())
 		return err
 	}
 	pids, err := s.cg.Procs()
 	if err == nil {
-		for _, p := range slices.DeleteFunc(pids, func(p int) bool { return p == initPid }) {
+		for _, p := range slices.DeleteFunc(pids, func(p int) bool { return inits[p] }) {
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}
 	}

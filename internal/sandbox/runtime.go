@@ -78,6 +78,9 @@ type Runtime struct {
 	tracerOnce sync.Once
 	tracer     *inject.Tracer // the ptrace thread of every template operation
 
+	adoptMu sync.Mutex             // guards adopted
+	adopted map[string]*generation // generations taken back from a previous daemon, by pid-start
+
 	tidOnce    sync.Once
 	hostTID    uintptr // where the host's libc keeps a thread's id (see tidOffset)
 	hostTIDErr error
@@ -133,10 +136,13 @@ type Sandbox struct {
 	execs     int
 	rerooting bool // a restore is replacing the root: no new processes
 	destroyed bool // Destroy released the live generation
-	roots     int  // how many roots were mounted (each gets its own mount point)
-	sess      map[SessionKind]*session
-	children  map[string]cgroup.Cgroup // child cgroups of commands and sessions
-	replay    map[SessionKind]string   // session state to replay before the session's next call
+	// spare is a child generation of g made ahead of time (see
+	// prepareNext): a checkpoint takes it instead of booting an init.
+	spare    *generation
+	roots    int // how many roots were mounted (each gets its own mount point)
+	sess     map[SessionKind]*session
+	children map[string]cgroup.Cgroup // child cgroups of commands and sessions
+	replay   map[SessionKind]string   // session state to replay before the session's next call
 
 	bg sync.WaitGroup // background work (old roots being detached) Destroy waits for
 
@@ -188,10 +194,10 @@ func (r *Runtime) Prepare(ctx context.Context, id string, ids IDMap, lim Limits)
 	return r.prepare(ctx, id, ids, lim, nil)
 }
 
-// prepare is Prepare; with a parent generation, the sandbox's init starts
-// as a child generation of it (a fork of its templates) instead of in a new
-// user namespace.
-func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits, parent *generation) (_ *Sandbox, err error) {
+// prepare is Prepare; with gen, the sandbox's init is the generation gen
+// returns (a child generation of templates, for a fork) instead of a new
+// init in a new user namespace.
+func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits, gen func(context.Context, cgroup.Cgroup, *slog.Logger) (*generation, error)) (_ *Sandbox, err error) {
 	if id == "" || ids.Size == 0 {
 		return nil, fmt.Errorf("start sandbox: id and id map are required: %w", errdefs.ErrInvalidArgument)
 	}
@@ -230,12 +236,12 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
 	}
-	if parent == nil {
+	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {
 			return nil, err
 		}
 	} else {
-		g, err := r.spawnGeneration(ctx, parent, cg, sb.log)
+		g, err := gen(ctx, cg, sb.log)
 		if err != nil {
 			return nil, err
 		}
@@ -469,9 +475,18 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Unlock()
 	var errs []error
 	s.mu.Lock()
-	g, done := s.g, s.destroyed
-	s.destroyed = true
+	g, done, spare := s.g, s.destroyed, s.spare
+	s.destroyed, s.spare = true, nil
 	s.mu.Unlock()
+	s.bg.Wait() // a spare generation in the making
+	s.mu.Lock()
+	if s.spare != nil {
+		spare, s.spare = s.spare, nil
+	}
+	s.mu.Unlock()
+	if spare != nil {
+		spare.release()
+	}
 	if g != nil && !done {
 		g.release()
 	}

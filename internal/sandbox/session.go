@@ -182,6 +182,7 @@ func (s *Sandbox) session(ctx context.Context, kind SessionKind) (*session, erro
 		return other, nil
 	}
 	s.sess[kind] = ss
+	go s.prepareNext() // for the first checkpoint of the session
 	return ss, nil
 }
 

@@ -130,10 +130,10 @@ func (s *Sandbox) Processes() ([]Process, error) {
 			}
 		}
 	}
-	initPid := s.InitPid()
+	inits := s.initPids()
 	var out []Process
 	for _, pid := range pids {
-		if pid == initPid {
+		if inits[pid] {
 			continue
 		}
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,8 +39,62 @@ type Templates struct {
 	// attach to the clones running.
 	Pause time.Duration
 
-	mu       sync.Mutex // guards released
+	rt *Runtime
+
+	mu       sync.Mutex // guards released and spare
 	released bool
+	// spare is a child generation of g made ahead of time, idle, waiting
+	// for its root: a restore or fork takes it instead of booting an init.
+	spare *generation
+	bg    sync.WaitGroup // the making of spares
+}
+
+// takeGeneration returns a child generation of the templates' for a
+// sandbox whose cgroup is cg: the spare if there is one (moved into cg),
+// else a new one; a new spare is made in the background.
+func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *slog.Logger) (*generation, error) {
+	ts.mu.Lock()
+	g := ts.spare
+	ts.spare = nil
+	ts.mu.Unlock()
+	defer ts.refill()
+	if g != nil && g.alive() {
+		if err := cg.Add(g.hostPid); err == nil {
+			return g, nil
+		}
+	}
+	if g != nil {
+		g.release()
+	}
+	return ts.rt.spawnGeneration(ctx, ts.g, cg, log)
+}
+
+// refill makes a spare generation in the background, unless there is one.
+func (ts *Templates) refill() {
+	ts.mu.Lock()
+	if ts.released || ts.spare != nil {
+		ts.mu.Unlock()
+		return
+	}
+	ts.bg.Add(1)
+	ts.mu.Unlock()
+	go func() {
+		defer ts.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
+		if err != nil {
+			return
+		}
+		ts.mu.Lock()
+		if ts.released || ts.spare != nil {
+			ts.mu.Unlock()
+			g.release()
+			return
+		}
+		ts.spare = g
+		ts.mu.Unlock()
+	}()
 }
 
 // template is one frozen process and what a clone needs to continue it in
@@ -68,12 +123,14 @@ const (
 	fdStderr
 )
 
+// fdRef is one fd of a template; it is stored with the checkpoint (see
+// TemplatesRecord).
 type fdRef struct {
-	fd    int
-	role  fdRole
-	path  string // fdReopen: the path inside the sandbox
-	flags int    // open flags, from fdinfo
-	pos   int64
+	FD    int    `json:"fd"`
+	Role  fdRole `json:"role"`
+	Path  string `json:"path,omitempty"` // fdReopen: the path inside the sandbox
+	Flags int    `json:"flags"`          // open flags, from fdinfo
+	Pos   int64  `json:"pos,omitempty"`
 }
 
 // IneligibleError says why a sandbox's processes cannot become templates:
@@ -198,8 +255,9 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 		byPid[p[0]] = ss
 	}
+	inits := s.initPids()
 	for _, pid := range hostPids {
-		if pid != old.hostPid && byPid[pid] == nil {
+		if !inits[pid] && byPid[pid] == nil {
 			reasons = append(reasons, fmt.Sprintf("process %d (%s): not an idle session", pid, cmdline(pid)))
 		}
 	}
@@ -209,14 +267,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 
 	// 2. The next generation, before anything stops: its init boots while
 	//    the sandbox runs.
-	next, err := s.rt.spawnGeneration(ctx, old, s.cg, s.log)
+	next, err := s.takeNext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 	}
 	switched := false // the sandbox lives in next: nothing to undo
 	defer func() {
 		if err != nil && !switched {
-			next.release()
+			s.giveBack(next)
 		}
 	}()
 
@@ -254,8 +312,8 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		tpls = append(tpls, t)
 	}
 	// Nothing else may have appeared meanwhile (a spawn that raced us);
-	// next's init is the one newcomer.
-	if now, err := s.cg.Procs(); err != nil || len(now) != len(hostPids)+1 {
+	// next's init may be a newcomer.
+	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || inits[p] })) != len(byPid) {
 		reasons = append(reasons, "processes started during the checkpoint")
 	}
 	if len(reasons) > 0 {
@@ -291,7 +349,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	if err != nil {
 		return nil, err
 	}
-	ts := &Templates{g: old, cg: tcg, tracer: tr, procs: tpls}
+	ts := &Templates{g: old, cg: tcg, tracer: tr, procs: tpls, rt: s.rt}
 	fresh, cerr := ts.cloneAll(ctx, stopped, next, s)
 	stopped = nil // cloneAll detached them, templates and clones
 	switched = true
@@ -323,6 +381,13 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	s.detachRoot(oldRoot)
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "capture_ms", ms(captured.Sub(seized)),
 		"root_ms", ms(configured.Sub(captured)), "clone_ms", ms(cloned.Sub(configured)))
+	// Off the pause: the next checkpoint's generation, and the templates'
+	// generations outlive the daemon.
+	s.prepareNext()
+	ts.refill()
+	if err := s.rt.persist(ctx, old); err != nil {
+		s.log.Warn("checkpoint: templates will not survive a daemon restart", "err", err)
+	}
 	// A clone that failed leaves its session to start fresh on its next
 	// call; the templates are whole all the same.
 	return ts, nil
@@ -332,6 +397,87 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 var atFDCWD = func() uintptr { v := unix.AT_FDCWD; return uintptr(v) }()
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// takeNext returns a child generation of the live one, in the sandbox's
+// cgroup: the spare if there is one, else a new one.
+func (s *Sandbox) takeNext(ctx context.Context) (*generation, error) {
+	s.mu.Lock()
+	g, cur := s.spare, s.g
+	s.spare = nil
+	s.mu.Unlock()
+	if g != nil && g.parent == cur && g.alive() {
+		return g, nil
+	}
+	if g != nil {
+		g.release()
+	}
+	return s.rt.spawnGeneration(ctx, cur, s.cg, s.log)
+}
+
+// giveBack keeps an unused next generation as the spare, or releases it.
+func (s *Sandbox) giveBack(g *generation) {
+	s.mu.Lock()
+	if !s.destroyed && s.spare == nil && g.parent == s.g && g.alive() {
+		s.spare = g
+		g = nil
+	}
+	s.mu.Unlock()
+	if g != nil {
+		g.release()
+	}
+}
+
+// initPids are the host pids of the sandbox's own inits (the live
+// generation's and the spare's): they are no workload.
+func (s *Sandbox) initPids() map[int]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int]bool{s.g.hostPid: true}
+	if s.spare != nil {
+		out[s.spare.hostPid] = true
+	}
+	return out
+}
+
+// prepareNext makes a spare child generation of the live one in the
+// background, unless there is one: the next checkpoint's init is then
+// booted already, and booting it (tens of milliseconds of a Go runtime
+// starting on a busy machine) never competes with the checkpoint itself.
+func (s *Sandbox) prepareNext() {
+	s.mu.Lock()
+	if s.destroyed || (s.spare != nil && s.spare.parent == s.g) {
+		s.mu.Unlock()
+		return
+	}
+	cur := s.g
+	s.bg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.bg.Done()
+		// A checkpoint waits for a spare in the making: until it is
+		// registered, its init would look like a workload process.
+		s.switchMu.RLock()
+		defer s.switchMu.RUnlock()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		g, err := s.rt.spawnGeneration(ctx, cur, s.cg, s.log)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		old := s.spare
+		if s.destroyed || s.g != cur {
+			s.mu.Unlock()
+			g.release()
+			return
+		}
+		s.spare = g
+		s.mu.Unlock()
+		if old != nil {
+			old.release()
+		}
+	}()
+}
 
 // rootLevel is the pid namespace level of the sandbox's tree's root
 // generation.
@@ -405,9 +551,9 @@ func inspect(pid int, ss *session) (*template, string) {
 		if err != nil {
 			return nil, err.Error()
 		}
-		ref := fdRef{fd: fd}
+		ref := fdRef{FD: fd}
 		if role, ok := roles[link]; ok {
-			ref.role = role
+			ref.Role = role
 		} else {
 			switch {
 			case strings.HasPrefix(link, "socket:"):
@@ -419,7 +565,7 @@ func inspect(pid int, ss *session) (*template, string) {
 			case strings.HasSuffix(link, " (deleted)"):
 				return nil, fmt.Sprintf("holds a deleted file (fd %d)", fd)
 			}
-			ref.path = link
+			ref.Path = link
 		}
 		info, err := os.ReadFile(dir + "/fdinfo/" + e.Name())
 		if err != nil {
@@ -430,10 +576,10 @@ func inspect(pid int, ss *session) (*template, string) {
 			v = strings.TrimSpace(v)
 			switch k {
 			case "pos":
-				ref.pos, _ = strconv.ParseInt(v, 10, 64)
+				ref.Pos, _ = strconv.ParseInt(v, 10, 64)
 			case "flags":
 				fl, _ := strconv.ParseInt(v, 8, 64)
-				ref.flags = int(fl)
+				ref.Flags = int(fl)
 			}
 		}
 		t.fds = append(t.fds, ref)
@@ -510,6 +656,8 @@ func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *
 func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox) (_ *session, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	tr := newTrace(ctx)
+	defer tr.done(sb.log, "clone "+t.kind.String())
 	if tp == nil {
 		if !t.stopped() {
 			return nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
@@ -549,6 +697,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		}
 		*ours[i], theirs[i] = r, w
 	}
+	tr.step("seize")
 	held, err := next.request(ctx, message{Op: opHold}, theirs[:]...)
 	if err != nil {
 		return nil, fmt.Errorf("hand over stdio: %w", err)
@@ -558,6 +707,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	}
 	defer func() { _ = next.c.Send(message{Op: opRelease, Fds: held.Fds}) }()
 
+	tr.step("hold")
 	ns, err := nsPids(next.hostPid)
 	if err != nil || len(ns) <= ts.g.level {
 		return nil, fmt.Errorf("pid of the new init in the template's namespace: %v", err)
@@ -579,27 +729,36 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 			_ = c.Kill()
 		}
 	}()
+	tr.step("clone")
 	if err := ts.enter(c, t, pfd, held.Fds); err != nil {
 		return nil, err
 	}
-	// Its cgroups: the sandbox's in every hierarchy, then its session's.
-	cgName := "session-" + t.kind.String()
+	tr.step("enter")
+	// Its cgroups: the sandbox's in every hierarchy, then a session cgroup
+	// of its own. A checkpoint's clone is born in both already; a restore
+	// or fork makes a new one (the old generation's may still be on its
+	// way out).
 	sb.mu.Lock()
-	cg, ok := sb.children[cgName]
+	cg, ok := sb.children["session-"+t.kind.String()]
 	if !ok {
-		if cg, err = sb.cg.Child(cgName); err == nil {
-			sb.children[cgName] = cg
+		sb.roots++ // a unique name
+		name := "session-" + t.kind.String() + "." + strconv.Itoa(sb.roots)
+		if cg, err = sb.cg.Child(name); err == nil {
+			sb.children["session-"+t.kind.String()] = cg
 		}
 	}
 	sb.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if err := sb.cg.Add(c.Pid()); err != nil {
-		return nil, err
-	}
-	if err := cg.Add(c.Pid()); err != nil {
-		return nil, err
+	if !ok {
+		// Born in the templates' cgroup: move it.
+		if err := sb.cg.Add(c.Pid()); err != nil {
+			return nil, err
+		}
+		if err := cg.Add(c.Pid()); err != nil {
+			return nil, err
+		}
 	}
 	p.cg = cg
 	cns, err := nsPids(c.Pid())
@@ -608,9 +767,11 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	}
 	p.pid = cns[len(cns)-1]
 	p.status = t.origin.waitChan(cns[t.origin.level]) // before it can exit
+	tr.step("cgroup")
 	if err := c.Detach(false); err != nil {
 		return nil, fmt.Errorf("start clone: %w", err)
 	}
+	tr.step("detach")
 	return &session{kind: t.kind, p: p}, nil
 }
 
@@ -636,26 +797,26 @@ func (ts *Templates) enter(c *inject.Proc, t *template, pfd uintptr, held []int)
 	}
 	for _, f := range t.fds {
 		var nfd uintptr
-		switch f.role {
+		switch f.Role {
 		case fdStdin, fdStdout, fdStderr:
-			nfd, err = c.Syscall(unix.SYS_PIDFD_GETFD, pfd, uintptr(held[f.role-fdStdin]), 0)
+			nfd, err = c.Syscall(unix.SYS_PIDFD_GETFD, pfd, uintptr(held[f.Role-fdStdin]), 0)
 		default:
-			at, err = str(f.path)
+			at, err = str(f.Path)
 			if err == nil {
 				nfd, err = c.Syscall(unix.SYS_OPENAT, atFDCWD, at,
-					uintptr(f.flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_CLOEXEC), 0)
+					uintptr(f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_CLOEXEC), 0)
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("clone: reopen fd %d (%s): %w", f.fd, f.path, err)
+			return fmt.Errorf("clone: reopen fd %d (%s): %w", f.FD, f.Path, err)
 		}
-		if _, err := c.Syscall(unix.SYS_DUP3, nfd, uintptr(f.fd), uintptr(f.flags&unix.O_CLOEXEC)); err != nil {
-			return fmt.Errorf("clone: dup3 fd %d: %w", f.fd, err)
+		if _, err := c.Syscall(unix.SYS_DUP3, nfd, uintptr(f.FD), uintptr(f.Flags&unix.O_CLOEXEC)); err != nil {
+			return fmt.Errorf("clone: dup3 fd %d: %w", f.FD, err)
 		}
 		_, _ = c.Syscall(unix.SYS_CLOSE, nfd)
-		if f.role == fdReopen && f.pos > 0 {
-			if _, err := c.Syscall(unix.SYS_LSEEK, uintptr(f.fd), uintptr(f.pos), 0); err != nil {
-				return fmt.Errorf("clone: seek fd %d: %w", f.fd, err)
+		if f.Role == fdReopen && f.Pos > 0 {
+			if _, err := c.Syscall(unix.SYS_LSEEK, uintptr(f.FD), uintptr(f.Pos), 0); err != nil {
+				return fmt.Errorf("clone: seek fd %d: %w", f.FD, err)
 			}
 		}
 	}
@@ -740,6 +901,11 @@ func (ts *Templates) Release() {
 	if done {
 		return
 	}
+	ts.bg.Wait()
+	if ts.spare != nil {
+		ts.spare.release()
+		ts.spare = nil
+	}
 	for _, t := range ts.procs {
 		if startTime(t.pid) == t.start {
 			_ = unix.Kill(t.pid, unix.SIGKILL)
@@ -763,10 +929,13 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	if !ts.Alive() {
 		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
-	next, err := s.rt.spawnGeneration(ctx, ts.g, s.cg, s.log)
+	tr := newTrace(ctx)
+	defer tr.done(s.log, "restore templates")
+	next, err := ts.takeGeneration(ctx, s.cg, s.log)
 	if err != nil {
 		return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
 	}
+	tr.step("generation")
 	defer func() {
 		if err != nil {
 			next.release()
@@ -782,25 +951,42 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 			os.Remove(target)
 		}
 	}()
+	tr.step("mount")
 	if err := s.rt.configureInit(ctx, s, next, target); err != nil {
 		return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
 	}
+	tr.step("root")
 	// The old processes go first: their sessions' cgroups take the clones.
 	s.mu.Lock()
 	oldG, oldRoot, sessions, children := s.g, s.rootfs, s.sess, s.children
 	s.g, s.rootfs = next, target
 	s.sess, s.children = map[SessionKind]*session{}, map[string]cgroup.Cgroup{}
 	s.replay = map[SessionKind]string{}
+	spare := s.spare
+	s.spare = nil
 	s.mu.Unlock()
-	oldG.release()
+	// The old generation and its processes go in the background: nothing
+	// of it is visible from the new one (the clones get cgroups of their
+	// own, see clone).
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		if spare != nil {
+			spare.release()
+		}
+		oldG.release()
+		for _, cg := range children {
+			_ = cg.Delete(context.Background())
+		}
+	}()
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
-	for _, cg := range children {
-		_ = cg.Delete(ctx)
-	}
 	s.detachRoot(oldRoot)
+	tr.step("switch")
 	fresh, cerr := ts.cloneAll(ctx, nil, next, s)
+	tr.step("clones")
+	s.prepareNext()
 	s.mu.Lock()
 	for k, ss := range fresh {
 		s.sess[k] = ss
@@ -821,7 +1007,7 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 	if !ts.Alive() {
 		return nil, fmt.Errorf("fork into %q: the templates are gone: %w", spec.ID, errdefs.ErrFailedPrecondition)
 	}
-	sb, err := r.prepare(ctx, spec.ID, spec.IDs, spec.Limits, ts.g)
+	sb, err := r.prepare(ctx, spec.ID, spec.IDs, spec.Limits, ts.takeGeneration)
 	if err != nil {
 		return nil, err
 	}
@@ -840,6 +1026,7 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 		_ = sb.Destroy(context.Background())
 		return nil, fmt.Errorf("fork into %q: %w", spec.ID, err)
 	}
+	sb.prepareNext()
 	return sb, nil
 }
 

@@ -49,6 +49,11 @@ type ckRecord struct {
 	// Templates: the sessions' processes were kept as frozen templates (the
 	// fast path); they live in the daemon's memory only.
 	Templates bool `json:"templates,omitempty"`
+	// Tpl is how a restarted daemon re-adopts the templates; Retired the
+	// layer they see as their root (the sandbox's before the checkpoint),
+	// removed with them.
+	Tpl     *sandbox.TemplatesRecord `json:"tpl,omitempty"`
+	Retired string                   `json:"retired,omitempty"`
 }
 
 var ckIDRe = regexp.MustCompile(`^ck-[0-9a-f]{8}$`)
@@ -227,6 +232,8 @@ func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, 
 		return false, "", err
 	}
 	ck.Layer, ck.Templates, ck.PauseMs = committed.ID, true, ms(ts.Pause)
+	rec := ts.Record()
+	ck.Tpl, ck.Retired = &rec, r.Layer
 	ck.Processes = templateProcesses(ts)
 	ck.Created = time.Now().UTC()
 	retired := r.Layer

@@ -113,6 +113,7 @@ type Manager struct {
 	tpl       map[string]*heldTemplates // by checkpoint
 	tplGone   map[string]string         // checkpoint -> why its templates are gone
 	tplBudget int64                     // bytes of private memory templates may hold
+	keepTpl   bool                      // Close leaves them for the next daemon
 }
 
 var _ daemon.Backend = (*Manager)(nil)
@@ -134,7 +135,8 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 	}
 	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{},
 		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]spare{},
-		tpl: map[string]*heldTemplates{}, tplGone: map[string]string{}, tplBudget: opts.TemplateBudget}
+		tpl: map[string]*heldTemplates{}, tplGone: map[string]string{}, tplBudget: opts.TemplateBudget,
+		keepTpl: opts.KeepTemplates}
 	if m.tplBudget <= 0 {
 		var si unix.Sysinfo_t
 		if err := unix.Sysinfo(&si); err == nil {
@@ -232,6 +234,14 @@ func (m *Manager) Close() error {
 	}
 	m.mu.Unlock()
 	for _, id := range cks {
+		if m.keepTpl {
+			m.mu.Lock()
+			h := m.tpl[id]
+			delete(m.tpl, id)
+			m.mu.Unlock()
+			h.ts.Disconnect()
+			continue
+		}
 		m.dropTemplates(id, "")
 	}
 	m.dropSpares(context.Background(), func(string, spare) bool { return true })
@@ -252,6 +262,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err != nil {
 		m.log.Warn("clean orphans", "err", err)
 	}
+	m.adoptTemplates(ctx)
 	recs, err := m.records()
 	if err != nil {
 		return err

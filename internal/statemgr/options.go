@@ -25,6 +25,10 @@ type Options struct {
 	// templates; past it the least recently used are evicted (their
 	// checkpoints keep filesystem and session data). 0 means 25% of RAM.
 	TemplateBudget int64
+	// KeepTemplates leaves checkpoints' process templates running when the
+	// manager closes, for the next manager on the same Root to re-adopt
+	// (the daemon sets it). Otherwise Close kills them.
+	KeepTemplates bool
 	// NoSeccomp starts sandboxes without the seccomp filter (tests only).
 	NoSeccomp bool
 }

@@ -5,6 +5,7 @@ package statemgr
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"time"
 
@@ -105,6 +106,46 @@ func (m *Manager) dropTemplates(ckID, why string) {
 		if err := m.layers.Remove(context.Background(), h.retired); err != nil {
 			m.log.Warn("templates: root layer kept for GC", "layer", h.retired, "err", err)
 		}
+	}
+}
+
+// adoptTemplates takes back the templates a previous daemon left running
+// (see sandbox.AdoptTemplates); those that did not survive are cleaned up
+// and their checkpoints say why. It runs before the recovery's gc, which
+// keeps the adopted templates' root layers.
+func (m *Manager) adoptTemplates(ctx context.Context) {
+	cks, err := m.checkpoints()
+	if err != nil {
+		m.log.Warn("re-adopt templates", "err", err)
+		return
+	}
+	for _, ck := range cks {
+		if !ck.Templates {
+			continue
+		}
+		var ts *sandbox.Templates
+		err := fmt.Errorf("no record of them")
+		if ck.Tpl != nil {
+			ts, err = m.rt.AdoptTemplates(ctx, *ck.Tpl)
+		}
+		if err != nil {
+			m.log.Warn("checkpoint's process templates did not survive the daemon restart", "checkpoint", ck.ID, "err", err)
+			m.mu.Lock()
+			m.tplGone[ck.ID] = "its process templates did not survive the daemon restart: " + err.Error()
+			m.mu.Unlock()
+			if ck.Tpl != nil {
+				m.rt.DropTemplates(ctx, *ck.Tpl)
+			}
+			continue
+		}
+		m.log.Info("re-adopted a checkpoint's process templates", "checkpoint", ck.ID)
+		h := &heldTemplates{ts: ts, retired: ck.Retired, lastUsed: time.Now(), bytes: ts.PrivateMemory()}
+		m.mu.Lock()
+		m.tpl[ck.ID] = h
+		m.mu.Unlock()
+	}
+	for _, g := range m.rt.KillOrphanGenerations() {
+		m.log.Warn("killed an orphan template generation of a previous daemon", "generation", g)
 	}
 }
 

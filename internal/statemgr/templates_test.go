@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,18 +141,22 @@ func TestTemplateHundredRestores(t *testing.T) {
 		}
 	}
 	// Nothing piles up: one generation of processes, however many restores.
-	if r := sh(t, m, id, `ls -d /proc/[0-9]* | wc -l`); strings.TrimSpace(r.stdout) != "6" { // init, 2 sessions, bash, ls, wc
-		t.Errorf("processes in the sandbox after 100 restores: %s", r.stdout)
+	if r := sh(t, m, id, `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -e '^bash --noprofile --norc $' -e '^python3 -u -q -c'`); strings.TrimSpace(r.stdout) != "2" {
+		t.Errorf("session processes in the sandbox after 100 restores: %s", r.stdout)
 	}
 }
 
-// visible lists the processes a python session sees, itself as 'me'.
-const visible = `[1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit())]`
+// visible lists the processes a python session sees, itself as 'me', and
+// its init as 1 (the sandbox's spare init for its next checkpoint, nested
+// below, is left out).
+const visible = `[1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) if open("/proc/%d/cmdline" % p).read() != "deltabox-init\0" or p == 1]`
 
 // signallable lists the pids a python session can signal other than itself
-// and its init's threads.
+// and the threads of its sandbox's own inits (the live generation's and the
+// one made ahead for the next checkpoint, nested below it).
 const signallable = `
-ours = {os.getpid()} | {int(t) for t in os.listdir("/proc/1/task")}
+inits = [p for p in os.listdir("/proc") if p.isdigit() and open("/proc/%s/cmdline" % p).read() == "deltabox-init\0"]
+ours = {os.getpid()} | {int(t) for p in inits for t in os.listdir("/proc/%s/task" % p)}
 bad = []
 for p in range(2, 400):
     if p in ours:
@@ -338,6 +344,75 @@ func TestTemplateGenerationDepthLimit(t *testing.T) {
 		wantTemplates(t, "restore", res.Processes, "shell")
 		if r := session(t, m, id, sandbox.SessionShell, "echo $depth"); r.stdout != strconv.Itoa(c+1)+"\n" {
 			t.Errorf("restore to checkpoint %d: depth=%q", c+1, r.stdout)
+		}
+	}
+}
+
+func TestDaemonRestartReadoptsTemplates(t *testing.T) {
+	// The second manager's leak check and tree check cover both.
+	var root string
+	m2opts := func(o *statemgr.Options) { o.Root = root }
+	testutil.RequiresRoot(t)
+	root = t.TempDir()
+	m1, err := statemgr.New(context.Background(), statemgr.Options{
+		Root: root, CgroupParent: testutil.CgroupParent(), KeepTemplates: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := m1.CreateSandbox(context.Background(), sandbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := in.ID
+	session(t, m1, id, sandbox.SessionPython, "secret = [1, 2, 3]\nimport os")
+	session(t, m1, id, sandbox.SessionShell, "V=kept")
+	ck := checkpoint(t, m1, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "python", "shell")
+	tpl := templatePids(t, m1, ck.ID)
+	if err := m1.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	for _, p := range tpl {
+		if testutil.ProcState(p) != "T" {
+			t.Fatalf("template %d did not outlive its daemon (state %q)", p, testutil.ProcState(p))
+		}
+	}
+
+	m := sandboxtest.NewManager(t, m2opts)
+	t.Cleanup(func() { _ = m.DeleteSandbox(context.Background(), id, true) })
+	got, err := m.GetCheckpoint(context.Background(), ck.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantTemplates(t, "checkpoint after the restart", got.Processes, "python", "shell")
+	session(t, m, id, sandbox.SessionPython, "secret = None")
+	res := restore(t, m, id, ck.ID)
+	wantTemplates(t, "restore after the restart", res.Processes, "python", "shell")
+	if r := session(t, m, id, sandbox.SessionPython, "secret"); r.stdout != "[1, 2, 3]\n" {
+		t.Errorf("python after re-adoption: %q %q", r.stdout, r.stderr)
+	}
+	if r := session(t, m, id, sandbox.SessionShell, "echo $V"); r.stdout != "kept\n" {
+		t.Errorf("shell after re-adoption: %q", r.stdout)
+	}
+	fk, err := m.Fork(context.Background(), ck.ID, 2)
+	if err != nil {
+		t.Fatalf("fork after the restart: %v", err)
+	}
+	for _, f := range fk.IDs {
+		if r := session(t, m, f, sandbox.SessionPython, "secret"); r.stdout != "[1, 2, 3]\n" {
+			t.Errorf("fork after re-adoption: %q", r.stdout)
+		}
+		_ = m.DeleteSandbox(context.Background(), f, true)
+	}
+	// Deleting the checkpoint kills its templates.
+	if err := m.DeleteCheckpoint(context.Background(), ck.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range tpl {
+		if s := testutil.ProcState(p); s != "" && s != "Z" {
+			t.Errorf("template %d outlived its checkpoint (state %q)", p, s)
 		}
 	}
 }
