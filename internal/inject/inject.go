@@ -746,3 +746,82 @@ func (p *Proc) HasTID(off uintptr) (bool, error) {
 	}
 	return int32(binary.LittleEndian.Uint32(b[:])) == int32(tid), nil
 }
+
+// Batch is a run of ptrace work on the tracer's thread (see Proc.Batch).
+// Its methods may be called only from the function Batch runs, and only on
+// Procs of the same Tracer.
+type Batch struct {
+	w *worker
+}
+
+// Batch runs f on the tracer's thread with p attached. Each Proc method
+// hands its work to that thread and waits: two thread wake-ups per call,
+// which on a VM can cost more than the ptrace requests themselves. A
+// sequence of injections (a clone and the clone's setup) runs in one Batch
+// with one hand-off.
+func (p *Proc) Batch(f func(b *Batch) error) error {
+	p.t.mu.Lock()
+	defer p.t.mu.Unlock()
+	return p.call("batch", func() error { return f(&Batch{w: p.w}) })
+}
+
+func (b *Batch) check(p *Proc) error {
+	if p.w != b.w || p.st != stateAttached {
+		return fmt.Errorf("batch on %d: process is not attached on this thread: %w", p.pid, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// Syscall is Proc.Syscall inside a batch.
+func (b *Batch) Syscall(p *Proc, nr uintptr, args ...uintptr) (uintptr, error) {
+	if err := b.check(p); err != nil {
+		return 0, err
+	}
+	r, child, err := p.inject(nr, args...)
+	if child != 0 {
+		if rerr := releaseChild(child); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("inject system call %d into %d: %w", nr, p.pid, err)
+	}
+	return r, nil
+}
+
+// Clone is Proc.Clone inside a batch.
+func (b *Batch) Clone(p *Proc, flags uintptr, childTid uintptr) (*Proc, error) {
+	if err := b.check(p); err != nil {
+		return nil, err
+	}
+	args := cloneArgs(flags, childTid)
+	ret, child, err := p.inject(unix.SYS_CLONE, args[:]...)
+	if err == nil && child == 0 {
+		err = fmt.Errorf("clone returned %d but reported no new process (flags %#x): %w", ret, flags, errdefs.ErrInvalidArgument)
+	}
+	var c *Proc
+	if err == nil {
+		c = &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
+		err = waitNewChild(child, &c.pending)
+	}
+	if err != nil {
+		if child != 0 {
+			_ = unix.Kill(child, unix.SIGKILL)
+			_, _, _ = wait4(child, 0)
+		}
+		return nil, fmt.Errorf("clone %d: %w", p.pid, err)
+	}
+	p.w.procs++
+	return c, nil
+}
+
+// WriteMem is Proc.WriteMem inside a batch.
+func (b *Batch) WriteMem(p *Proc, addr uintptr, data []byte) error {
+	if err := b.check(p); err != nil {
+		return err
+	}
+	if err := writeMem(p.pid, addr, data); err != nil {
+		return fmt.Errorf("write memory of %d at %#x: %w", p.pid, addr, err)
+	}
+	return nil
+}

@@ -12,7 +12,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -33,28 +32,12 @@ func ptrace(req, pid int, addr, data uintptr) error {
 	return nil
 }
 
-// spinWait is how long wait4 polls before it blocks.
-const spinWait = 200 * time.Microsecond
-
 // wait4 waits for pid with __WALL (tracees that are clones, and children
 // of other threads of this process) and the given extra options, retrying
 // on EINTR. It never waits for "any" process: that would steal the exits
 // of children other code waits for.
 func wait4(pid, options int) (unix.WaitStatus, int, error) {
 	var ws unix.WaitStatus
-	if options&unix.WNOHANG == 0 {
-		// A tracee's stop usually follows within microseconds. Polling for
-		// a moment keeps this thread's CPU awake: on a VM, a blocked wait
-		// can cost a vCPU wake-up of a millisecond or more per stop, and an
-		// injection waits for several stops per call.
-		deadline := time.Now().Add(spinWait)
-		for time.Now().Before(deadline) {
-			wpid, err := unix.Wait4(pid, &ws, unix.WALL|unix.WNOHANG|options, nil)
-			if wpid != 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
-				return ws, wpid, err
-			}
-		}
-	}
 	for {
 		wpid, err := unix.Wait4(pid, &ws, unix.WALL|options, nil)
 		if errors.Is(err, unix.EINTR) {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/procfs"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
 )
 
@@ -64,7 +65,7 @@ func (r *Runtime) persist(ctx context.Context, g *generation) error {
 		if done {
 			continue
 		}
-		start := startTime(g.hostPid)
+		start := procfs.StartTime(g.hostPid)
 		path := filepath.Join(r.runDir, "gen-"+strconv.Itoa(g.hostPid)+"-"+start+".sock")
 		_ = os.Remove(path)
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -134,7 +135,7 @@ func (r *Runtime) AdoptTemplates(ctx context.Context, rec TemplatesRecord) (_ *T
 		return nil, fmt.Errorf("adopt templates: empty record: %w", errdefs.ErrInvalidArgument)
 	}
 	for _, p := range rec.Procs {
-		if startTime(p.Pid) != p.Start || procState(p.Pid) != "T" {
+		if procfs.StartTime(p.Pid) != p.Start || procfs.State(p.Pid) != "T" {
 			return nil, fmt.Errorf("adopt templates: template %d is gone or was resumed: %w", p.Pid, errdefs.ErrNotFound)
 		}
 		if p.Origin < 0 || p.Origin >= len(rec.Chain) {
@@ -188,7 +189,7 @@ func (r *Runtime) adoptGeneration(ctx context.Context, rec GenRecord, parent *ge
 		}
 		return g, nil
 	}
-	if startTime(rec.Pid) != rec.Start {
+	if procfs.StartTime(rec.Pid) != rec.Start {
 		return nil, fmt.Errorf("adopt generation %d: it is gone: %w", rec.Pid, errdefs.ErrNotFound)
 	}
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -225,7 +226,7 @@ func (r *Runtime) adoptGeneration(ctx context.Context, rec GenRecord, parent *ge
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	}
-	if g.pidfd, err = unix.PidfdOpen(rec.Pid, 0); err != nil || startTime(rec.Pid) != rec.Start {
+	if g.pidfd, err = unix.PidfdOpen(rec.Pid, 0); err != nil || procfs.StartTime(rec.Pid) != rec.Start {
 		return fail(fmt.Errorf("adopt generation %d: pidfd: %v: %w", rec.Pid, err, errdefs.ErrUnavailable))
 	}
 	path := rec.Socket
@@ -256,7 +257,7 @@ func (r *Runtime) KillOrphanGenerations() []string {
 			continue
 		}
 		pidS, start, _ := strings.Cut(name, "-")
-		if pid, err := strconv.Atoi(pidS); err == nil && startTime(pid) == start {
+		if pid, err := strconv.Atoi(pidS); err == nil && procfs.StartTime(pid) == start {
 			// SIGKILL to a pid namespace's init takes everything nested.
 			if err := unix.Kill(pid, unix.SIGKILL); err == nil || !errors.Is(err, unix.ESRCH) {
 				killed = append(killed, name)
@@ -271,7 +272,7 @@ func (r *Runtime) KillOrphanGenerations() []string {
 // (each still the process it was) and removes their cgroup.
 func (r *Runtime) DropTemplates(ctx context.Context, rec TemplatesRecord) {
 	for _, p := range rec.Procs {
-		if startTime(p.Pid) == p.Start {
+		if procfs.StartTime(p.Pid) == p.Start {
 			_ = unix.Kill(p.Pid, unix.SIGKILL)
 		}
 	}

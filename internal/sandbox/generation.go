@@ -9,14 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/procfs"
 )
 
 // A generation is one of our inits and the namespaces it is pid 1 of: a pid
@@ -77,39 +76,11 @@ func newGeneration(parent *generation, log *slog.Logger) *generation {
 
 // ownLevel is the depth of the calling process's pid namespace.
 func ownLevel() (int, error) {
-	return pidNSLevel(os.Getpid())
-}
-
-// pidNSLevel is the depth of pid's pid namespace, from /proc/pid/status.
-func pidNSLevel(pid int) (int, error) {
-	ns, err := nsPids(pid)
+	ns, err := procfs.NSpids(os.Getpid())
 	if err != nil {
 		return 0, err
 	}
 	return len(ns) - 1, nil
-}
-
-// nsPids returns pid's pids from the host's pid namespace (first) down to
-// its own.
-func nsPids(pid int) ([]int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return nil, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			var out []int
-			for _, f := range strings.Fields(rest) {
-				n, err := strconv.Atoi(f)
-				if err != nil {
-					return nil, fmt.Errorf("pid %d: bad NSpid %q", pid, rest)
-				}
-				out = append(out, n)
-			}
-			return out, nil
-		}
-	}
-	return nil, fmt.Errorf("pid %d: no NSpid", pid)
 }
 
 // start runs the read loop; the generation owns c from here on.

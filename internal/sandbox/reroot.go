@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -40,8 +38,6 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	s.sess = map[SessionKind]*session{}
 	children := s.children
 	s.children = map[string]cgroup.Cgroup{}
-	s.roots++
-	target := filepath.Join(s.dir, "rootfs."+strconv.Itoa(s.roots))
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -74,18 +70,8 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	tr.step("kill")
 
 	// 2. The new root on the host.
-	if view.Upper != "" {
-		for _, d := range []string{view.Upper, view.Work} {
-			if err := os.Chown(d, int(s.ids.HostBase), int(s.ids.HostBase)); err != nil {
-				return fmt.Errorf("reroot sandbox %q: chown layer: %w", s.id, err)
-			}
-		}
-	}
-	if err := os.Mkdir(target, 0o755); err != nil {
-		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
-	}
-	if err := layer.MountOverlay(view, s.lowers, target); err != nil {
-		os.Remove(target)
+	target, err := s.mountRoot(view)
+	if err != nil {
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)
 	}
 	tr.step("overlay")

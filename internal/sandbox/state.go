@@ -6,11 +6,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/deltabox/deltabox/internal/procfs"
 )
 
 // captureShell prints a bash script that recreates the calling shell's state
@@ -136,9 +136,7 @@ func (s *Sandbox) Processes() ([]Process, error) {
 		if inits[pid] {
 			continue
 		}
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		cmd := strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
-		out = append(out, Process{Pid: pid, Cmdline: cmd, Session: sessionOf[pid]})
+		out = append(out, Process{Pid: pid, Cmdline: procfs.Cmdline(pid), Session: sessionOf[pid]})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
 	return out, nil

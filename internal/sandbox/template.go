@@ -21,6 +21,7 @@ import (
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/inject"
 	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/procfs"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
 )
 
@@ -164,7 +165,7 @@ func (r *Runtime) tidOffset(ctx context.Context, p *inject.Proc) (uintptr, error
 	}
 	// Another libc than the host's: trust a scan only for a pid no other
 	// field is likely to equal.
-	if ns, err := nsPids(p.Pid()); err == nil && ns[len(ns)-1] >= 1000 {
+	if ns, err := procfs.NSpids(p.Pid()); err == nil && ns[len(ns)-1] >= 1000 {
 		return p.TIDOffset()
 	}
 	return 0, fmt.Errorf("cannot locate its libc's thread id (host calibration: %v)", r.hostTIDErr)
@@ -183,7 +184,7 @@ func (r *Runtime) calibrateTID(ctx context.Context) (uintptr, error) {
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	// Attached while it still runs the dynamic loader, the thread pointer
 	// may not be set up: wait until it sleeps.
-	for i := 0; i < 200 && procState(cmd.Process.Pid) != "S"; i++ {
+	for i := 0; i < 200 && procfs.State(cmd.Process.Pid) != "S"; i++ {
 		time.Sleep(time.Millisecond)
 	}
 	p, err := r.tracerThread().Seize(ctx, cmd.Process.Pid, seizeTimeout)
@@ -258,7 +259,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	inits := s.initPids()
 	for _, pid := range hostPids {
 		if !inits[pid] && byPid[pid] == nil {
-			reasons = append(reasons, fmt.Sprintf("process %d (%s): not an idle session", pid, cmdline(pid)))
+			reasons = append(reasons, fmt.Sprintf("process %d (%s): not an idle session", pid, procfs.Cmdline(pid)))
 		}
 	}
 	if len(reasons) > 0 {
@@ -531,7 +532,7 @@ func inspect(pid int, ss *session) (*template, string) {
 		}
 		roles["pipe:["+strconv.FormatUint(st.Ino, 10)+"]"] = role
 	}
-	t := &template{pid: pid, start: startTime(pid), kind: ss.kind}
+	t := &template{pid: pid, start: procfs.StartTime(pid), kind: ss.kind}
 	if t.cwd, err = os.Readlink(dir + "/cwd"); err != nil {
 		return nil, err.Error()
 	}
@@ -585,44 +586,6 @@ func inspect(pid int, ss *session) (*template, string) {
 		t.fds = append(t.fds, ref)
 	}
 	return t, ""
-}
-
-// startTime is field 22 of /proc/pid/stat: with the pid, it names one
-// process for good (pids are reused).
-func startTime(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return ""
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return ""
-	}
-	return f[19]
-}
-
-// procState is the state letter of /proc/pid/stat ("T" for stopped).
-func procState(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+3 > len(s) {
-		return ""
-	}
-	return s[i+2 : i+3]
-}
-
-func cmdline(pid int) string {
-	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }
 
 // cloneAll clones every template into the generation next, as the sessions
@@ -708,31 +671,43 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	defer func() { _ = next.c.Send(message{Op: opRelease, Fds: held.Fds}) }()
 
 	tr.step("hold")
-	ns, err := nsPids(next.hostPid)
+	ns, err := procfs.NSpids(next.hostPid)
 	if err != nil || len(ns) <= ts.g.level {
 		return nil, fmt.Errorf("pid of the new init in the template's namespace: %v", err)
 	}
-	pfd, err := tp.Syscall(unix.SYS_PIDFD_OPEN, uintptr(ns[ts.g.level]), 0)
+	scratch, err := tp.Scratch() // the clone's stack is the template's
 	if err != nil {
-		return nil, fmt.Errorf("template: pidfd_open: %w", err)
+		return nil, err
 	}
-	defer func() { _, _ = tp.Syscall(unix.SYS_CLOSE, pfd) }()
-	if _, err := tp.Syscall(unix.SYS_SETNS, pfd, unix.CLONE_NEWPID); err != nil {
-		return nil, fmt.Errorf("template: setns pid: %w", err)
-	}
-	c, err := tp.Clone(unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tp.FSBase()+t.tidOff)
+	tid := tp.FSBase() + t.tidOff
+	// One batch on the tracer's thread: the template clones itself into
+	// next's pid namespace, the clone enters next's other namespaces.
+	var c *inject.Proc
+	err = tp.Batch(func(b *inject.Batch) error {
+		pfd, err := b.Syscall(tp, unix.SYS_PIDFD_OPEN, uintptr(ns[ts.g.level]), 0)
+		if err != nil {
+			return fmt.Errorf("template: pidfd_open: %w", err)
+		}
+		defer func() { _, _ = b.Syscall(tp, unix.SYS_CLOSE, pfd) }()
+		if _, err := b.Syscall(tp, unix.SYS_SETNS, pfd, unix.CLONE_NEWPID); err != nil {
+			return fmt.Errorf("template: setns pid: %w", err)
+		}
+		if c, err = b.Clone(tp, unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid); err != nil {
+			return fmt.Errorf("template: clone: %w", err)
+		}
+		return enter(b, c, t, pfd, held.Fds, scratch)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("template: clone: %w", err)
+		if c != nil {
+			_ = c.Kill()
+		}
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			_ = c.Kill()
 		}
 	}()
-	tr.step("clone")
-	if err := ts.enter(c, t, pfd, held.Fds); err != nil {
-		return nil, err
-	}
 	tr.step("enter")
 	// Its cgroups: the sandbox's in every hierarchy, then a session cgroup
 	// of its own. A checkpoint's clone is born in both already; a restore
@@ -761,7 +736,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		}
 	}
 	p.cg = cg
-	cns, err := nsPids(c.Pid())
+	cns, err := procfs.NSpids(c.Pid())
 	if err != nil || len(cns) <= t.origin.level {
 		return nil, fmt.Errorf("clone's pids: %v", err)
 	}
@@ -776,21 +751,17 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 }
 
 // enter runs the clone's side of the sequence: into next's namespaces, cwd,
-// stdio, files.
-func (ts *Templates) enter(c *inject.Proc, t *template, pfd uintptr, held []int) error {
-	if _, err := c.Syscall(unix.SYS_SETNS, pfd, unix.CLONE_NEWNS|unix.CLONE_NEWNET|unix.CLONE_NEWUTS|unix.CLONE_NEWIPC); err != nil {
+// stdio, files. scratch is dead stack memory for its string arguments.
+func enter(b *inject.Batch, c *inject.Proc, t *template, pfd uintptr, held []int, scratch uintptr) error {
+	if _, err := b.Syscall(c, unix.SYS_SETNS, pfd, unix.CLONE_NEWNS|unix.CLONE_NEWNET|unix.CLONE_NEWUTS|unix.CLONE_NEWIPC); err != nil {
 		return fmt.Errorf("clone: setns: %w", err)
 	}
-	scratch, err := c.Scratch()
-	if err != nil {
-		return err
-	}
 	str := func(s string) (uintptr, error) {
-		return scratch, c.WriteMem(scratch, append([]byte(s), 0))
+		return scratch, b.WriteMem(c, scratch, append([]byte(s), 0))
 	}
 	at, err := str(t.cwd)
 	if err == nil {
-		_, err = c.Syscall(unix.SYS_CHDIR, at)
+		_, err = b.Syscall(c, unix.SYS_CHDIR, at)
 	}
 	if err != nil {
 		return fmt.Errorf("clone: chdir %q: %w", t.cwd, err)
@@ -799,28 +770,28 @@ func (ts *Templates) enter(c *inject.Proc, t *template, pfd uintptr, held []int)
 		var nfd uintptr
 		switch f.Role {
 		case fdStdin, fdStdout, fdStderr:
-			nfd, err = c.Syscall(unix.SYS_PIDFD_GETFD, pfd, uintptr(held[f.Role-fdStdin]), 0)
+			nfd, err = b.Syscall(c, unix.SYS_PIDFD_GETFD, pfd, uintptr(held[f.Role-fdStdin]), 0)
 		default:
 			at, err = str(f.Path)
 			if err == nil {
-				nfd, err = c.Syscall(unix.SYS_OPENAT, atFDCWD, at,
+				nfd, err = b.Syscall(c, unix.SYS_OPENAT, atFDCWD, at,
 					uintptr(f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_CLOEXEC), 0)
 			}
 		}
 		if err != nil {
 			return fmt.Errorf("clone: reopen fd %d (%s): %w", f.FD, f.Path, err)
 		}
-		if _, err := c.Syscall(unix.SYS_DUP3, nfd, uintptr(f.FD), uintptr(f.Flags&unix.O_CLOEXEC)); err != nil {
+		if _, err := b.Syscall(c, unix.SYS_DUP3, nfd, uintptr(f.FD), uintptr(f.Flags&unix.O_CLOEXEC)); err != nil {
 			return fmt.Errorf("clone: dup3 fd %d: %w", f.FD, err)
 		}
-		_, _ = c.Syscall(unix.SYS_CLOSE, nfd)
+		_, _ = b.Syscall(c, unix.SYS_CLOSE, nfd)
 		if f.Role == fdReopen && f.Pos > 0 {
-			if _, err := c.Syscall(unix.SYS_LSEEK, uintptr(f.FD), uintptr(f.Pos), 0); err != nil {
+			if _, err := b.Syscall(c, unix.SYS_LSEEK, uintptr(f.FD), uintptr(f.Pos), 0); err != nil {
 				return fmt.Errorf("clone: seek fd %d: %w", f.FD, err)
 			}
 		}
 	}
-	_, _ = c.Syscall(unix.SYS_CLOSE, pfd)
+	_, _ = b.Syscall(c, unix.SYS_CLOSE, pfd)
 	return nil
 }
 
@@ -848,10 +819,10 @@ func (ts *Templates) Alive() bool {
 // moment. The caller holds t.mu.
 func (t *template) stopped() bool {
 	for i := 0; ; i++ {
-		if startTime(t.pid) != t.start {
+		if procfs.StartTime(t.pid) != t.start {
 			return false
 		}
-		if procState(t.pid) == "T" {
+		if procfs.State(t.pid) == "T" {
 			return true
 		}
 		if i == 100 {
@@ -907,7 +878,7 @@ func (ts *Templates) Release() {
 		ts.spare = nil
 	}
 	for _, t := range ts.procs {
-		if startTime(t.pid) == t.start {
+		if procfs.StartTime(t.pid) == t.start {
 			_ = unix.Kill(t.pid, unix.SIGKILL)
 		}
 	}

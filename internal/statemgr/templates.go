@@ -68,12 +68,20 @@ func (m *Manager) enforceBudget() {
 		h  *heldTemplates
 	}
 	var all []entry
-	var total int64
 	for id, h := range m.tpl {
 		all = append(all, entry{id, h})
-		total += h.bytes
 	}
 	m.mu.Unlock()
+	// Private memory grows as the clones write (their pages stop being
+	// shared with the templates): measure it again.
+	var total int64
+	for _, e := range all {
+		b := e.h.ts.PrivateMemory()
+		m.mu.Lock()
+		e.h.bytes = b
+		m.mu.Unlock()
+		total += b
+	}
 	if total <= m.tplBudget {
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deltabox/deltabox/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -319,15 +320,4 @@ func CgroupProcs(name string) ([]int, error) {
 
 // ProcState is the state letter of a process ("S", "T", …), "" if it is
 // gone.
-func ProcState(pid int) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+3 > len(s) {
-		return ""
-	}
-	return s[i+2 : i+3]
-}
+func ProcState(pid int) string { return procfs.State(pid) }

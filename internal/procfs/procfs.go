@@ -1,0 +1,77 @@
+//go:build linux
+
+// Package procfs reads the few facts about a process that the runtime, the
+// tracer and the tests need from /proc: its state, its start time (which,
+// with the pid, names one process for good), its pids in each pid namespace
+// and its command line.
+package procfs
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// stat returns the fields of /proc/pid/stat after the command name.
+func stat(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	return strings.Fields(s[i+1:]), nil
+}
+
+// State is the state letter of a process ("S", "T", "Z", …), "" when it is
+// gone.
+func State(pid int) string {
+	f, err := stat(pid)
+	if err != nil || len(f) < 1 {
+		return ""
+	}
+	return f[0]
+}
+
+// StartTime is the process's start time in clock ticks since boot (field
+// 22 of stat), "" when it is gone.
+func StartTime(pid int) string {
+	f, err := stat(pid)
+	if err != nil || len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// NSpids returns the process's pids from the host's pid namespace (first)
+// down to its own.
+func NSpids(pid int) ([]int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			var out []int
+			for _, f := range strings.Fields(rest) {
+				n, err := strconv.Atoi(f)
+				if err != nil {
+					return nil, fmt.Errorf("pid %d: bad NSpid %q", pid, rest)
+				}
+				out = append(out, n)
+			}
+			return out, nil
+		}
+	}
+	return nil, fmt.Errorf("pid %d: no NSpid", pid)
+}
+
+// Cmdline is the process's command line, arguments joined by spaces.
+func Cmdline(pid int) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
