@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"sync"
 
@@ -91,32 +93,38 @@ type spawnReq struct {
 }
 
 // conn is one end of the socketpair. Send is safe for concurrent use; Recv
-// must be called from one goroutine.
+// must be called from one goroutine. It goes through Go's network poller
+// (a net.UnixConn), not blocking system calls: a goroutine blocked in a raw
+// recvmsg holds its thread, and the wake-up of the goroutine waiting for
+// the answer then needs a second thread, which on a VM cost milliseconds
+// per round trip. The poller also makes Close safe while a Recv blocks.
 type conn struct {
-	fd int
+	c   *net.UnixConn
+	buf []byte // Recv's, reused (Recv has one caller)
 
 	mu sync.Mutex // serialises Send
 }
 
+// newConn makes a conn of a dup of f's socket; the caller closes f.
 func newConn(f *os.File) (*conn, error) {
-	fd, err := unix.Dup(int(f.Fd()))
+	fc, err := net.FileConn(f)
 	if err != nil {
-		return nil, fmt.Errorf("dup control socket: %w", err)
+		return nil, fmt.Errorf("control socket: %w", err)
 	}
-	unix.CloseOnExec(fd)
-	return &conn{fd: fd}, nil
+	uc, ok := fc.(*net.UnixConn)
+	if !ok {
+		fc.Close()
+		return nil, fmt.Errorf("control socket: not a unix socket")
+	}
+	return &conn{c: uc}, nil
 }
 
-// Close closes the connection's fd. Only the goroutine that calls Recv may
-// call it (or anyone, when nothing calls Recv): a Recv blocked on an fd that
-// another goroutine closes is restarted by a signal on the fd number, which
-// by then may belong to another sandbox's connection, whose messages it
-// would steal. Others call Shutdown.
-func (c *conn) Close() error { return unix.Close(c.fd) }
+// Close closes the connection; a Recv blocked on it returns errClosed.
+func (c *conn) Close() error { return c.c.Close() }
 
-// Shutdown wakes a Recv blocked on the connection (it returns errClosed)
-// and makes further Sends fail, without giving up the fd number.
-func (c *conn) Shutdown() error { return unix.Shutdown(c.fd, unix.SHUT_RDWR) }
+// Shutdown is Close: the name says it may be called while another
+// goroutine receives.
+func (c *conn) Shutdown() error { return c.c.Close() }
 
 // Send sends m with files attached. It does not close the files.
 func (c *conn) Send(m message, files ...*os.File) error {
@@ -137,12 +145,7 @@ func (c *conn) Send(m message, files ...*os.File) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for {
-		err = unix.Sendmsg(c.fd, b, oob, nil, 0)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
+	_, _, err = c.c.WriteMsgUnix(b, oob, nil)
 	// Keep the files alive until the kernel has taken its references.
 	for _, f := range files {
 		_ = f.Fd()
@@ -154,19 +157,18 @@ func (c *conn) Send(m message, files ...*os.File) error {
 var errClosed = errors.New("init connection closed")
 
 // Recv receives one message and the files attached to it, which the caller
-// owns.
+// owns. The files arrive close-on-exec (Go receives with MSG_CMSG_CLOEXEC).
 func (c *conn) Recv() (message, []*os.File, error) {
-	buf := make([]byte, maxPacket)
-	oob := make([]byte, unix.CmsgSpace(maxFiles*4)+unix.CmsgSpace(unix.SizeofUcred))
-	var n, oobn, flags int
-	var err error
-	for {
-		n, oobn, flags, _, err = unix.Recvmsg(c.fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
+	if c.buf == nil {
+		c.buf = make([]byte, maxPacket)
 	}
+	buf := c.buf
+	oob := make([]byte, unix.CmsgSpace(maxFiles*4)+unix.CmsgSpace(unix.SizeofUcred))
+	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
 	if err != nil {
+		if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, unix.ECONNRESET) {
+			return message{}, nil, errClosed
+		}
 		return message{}, nil, err
 	}
 	if n == 0 && oobn == 0 {

@@ -936,9 +936,16 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	spare := s.spare
 	s.spare = nil
 	s.mu.Unlock()
-	// The old generation and its processes go in the background: nothing
-	// of it is visible from the new one (the clones get cgroups of their
-	// own, see clone).
+	tr.step("switch")
+	fresh, cerr := ts.cloneAll(ctx, nil, next, s)
+	tr.step("clones")
+	// The old generation and its processes go afterwards, in the
+	// background (tearing a process down competes for the CPU with the
+	// clones): nothing of it is visible from the new one, and the clones
+	// have cgroups of their own (see clone).
+	for _, ss := range sessions {
+		ss.closePipes()
+	}
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
@@ -950,13 +957,7 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 			_ = cg.Delete(context.Background())
 		}
 	}()
-	for _, ss := range sessions {
-		ss.closePipes()
-	}
 	s.detachRoot(oldRoot)
-	tr.step("switch")
-	fresh, cerr := ts.cloneAll(ctx, nil, next, s)
-	tr.step("clones")
 	s.prepareNext()
 	s.mu.Lock()
 	for k, ss := range fresh {
