@@ -120,6 +120,11 @@ func (ts *Templates) Disconnect() {
 	ts.mu.Lock()
 	ts.released = true
 	ts.mu.Unlock()
+	ts.bg.Wait()
+	if ts.spare != nil { // not persisted: a next daemon makes its own
+		ts.spare.release()
+		ts.spare = nil
+	}
 	for g := ts.g; g != nil; g = g.parent {
 		if g.c != nil {
 			_ = g.c.Shutdown()
