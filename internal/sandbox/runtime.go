@@ -138,8 +138,12 @@ type Sandbox struct {
 	destroyed bool // Destroy released the live generation
 	// spare is a child generation of g made ahead of time (see
 	// prepareNext): a checkpoint takes it instead of booting an init.
-	spare    *generation
-	roots    int // how many roots were mounted (each gets its own mount point)
+	spare *generation
+	// prepared are the generations of restores made ready (PrepareRoot),
+	// which run in the sandbox's cgroup but are no workload.
+	prepared map[*generation]bool
+	leaving  map[int]bool // host pids of a replaced generation being torn down
+	roots    int          // how many roots were mounted (each gets its own mount point)
 	sess     map[SessionKind]*session
 	children map[string]cgroup.Cgroup // child cgroups of commands and sessions
 	replay   map[SessionKind]string   // session state to replay before the session's next call
@@ -235,6 +239,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
+		prepared: map[*generation]bool{}, leaving: map[int]bool{},
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {

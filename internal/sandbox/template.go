@@ -429,13 +429,20 @@ func (s *Sandbox) giveBack(g *generation) {
 }
 
 // initPids are the host pids of the sandbox's own inits (the live
-// generation's and the spare's): they are no workload.
+// generation's, the spare's, prepared restores') and of the processes of a
+// replaced generation on their way out: they are no workload.
 func (s *Sandbox) initPids() map[int]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[int]bool{s.g.hostPid: true}
 	if s.spare != nil {
 		out[s.spare.hostPid] = true
+	}
+	for g := range s.prepared {
+		out[g.hostPid] = true
+	}
+	for p := range s.leaving {
+		out[p] = true
 	}
 	return out
 }
@@ -892,29 +899,36 @@ func (ts *Templates) Release() {
 // templates: a new generation nested under theirs, a root on view (a fresh
 // writable branch of the checkpoint's layer), every template cloned into
 // it; then the old generation, with everything that ran in it, is killed.
+// prep, when not nil, is the generation and root made ready ahead on view
+// (PrepareRoot); RestoreTemplates consumes it either way.
 // It returns the sessions it cloned: one whose clone failed starts fresh on
 // its next call. On error the sandbox is left as it was.
-func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Templates) (cloned []SessionKind, err error) {
+func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Templates, prep *PreparedRoot) (cloned []SessionKind, err error) {
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
 	if !ts.Alive() {
+		prep.Release()
 		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
 	tr := newTrace(ctx)
 	defer tr.done(s.log, "restore templates")
-	next, err := ts.takeGeneration(ctx, s.cg, s.log)
-	if err != nil {
-		return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
+	next, target, prepared := prep.take(ts)
+	if !prepared {
+		prep.Release()
+		if next, err = ts.takeGeneration(ctx, s.cg, s.log); err != nil {
+			return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
+		}
 	}
-	tr.step("generation")
 	defer func() {
 		if err != nil {
 			next.release()
 		}
 	}()
-	target, err := s.mountRoot(view)
-	if err != nil {
-		return nil, err
+	tr.step("generation")
+	if !prepared {
+		if target, err = s.mountRoot(view); err != nil {
+			return nil, err
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -923,11 +937,12 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 		}
 	}()
 	tr.step("mount")
-	if err := s.rt.configureInit(ctx, s, next, target); err != nil {
-		return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
+	if !prepared {
+		if err := s.rt.configureInit(ctx, s, next, target); err != nil {
+			return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
+		}
 	}
 	tr.step("root")
-	// The old processes go first: their sessions' cgroups take the clones.
 	s.mu.Lock()
 	oldG, oldRoot, sessions, children := s.g, s.rootfs, s.sess, s.children
 	s.g, s.rootfs = next, target
@@ -946,6 +961,20 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
+	// Until they are gone, a checkpoint must not take them for workload.
+	leaving := []int{oldG.hostPid}
+	if spare != nil {
+		leaving = append(leaving, spare.hostPid)
+	}
+	for _, cg := range children {
+		p, _ := cg.Procs()
+		leaving = append(leaving, p...)
+	}
+	s.mu.Lock()
+	for _, p := range leaving {
+		s.leaving[p] = true
+	}
+	s.mu.Unlock()
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
@@ -956,6 +985,11 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 		for _, cg := range children {
 			_ = cg.Delete(context.Background())
 		}
+		s.mu.Lock()
+		for _, p := range leaving {
+			delete(s.leaving, p)
+		}
+		s.mu.Unlock()
 	}()
 	s.detachRoot(oldRoot)
 	s.prepareNext()
@@ -1037,4 +1071,91 @@ func (s *Sandbox) detachRoot(old string) {
 		}
 		_ = os.Remove(old)
 	}()
+}
+
+// PreparedRoot is a restore made ready ahead of time, off the critical path:
+// a child generation of a checkpoint's templates, in the sandbox's cgroup,
+// already set up on a root mounted from a writable branch of the
+// checkpoint. RestoreTemplates then only clones. The caller releases it if
+// it goes unused.
+type PreparedRoot struct {
+	ts     *Templates
+	sb     *Sandbox
+	g      *generation
+	target string
+
+	mu   sync.Mutex // guards used
+	used bool
+}
+
+// PrepareRoot prepares a restore of the sandbox to ts on view (see
+// PreparedRoot).
+func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.View) (_ *PreparedRoot, err error) {
+	// Until it is registered, its init would look like a workload process
+	// to a checkpoint (see prepareNext).
+	s.switchMu.RLock()
+	defer s.switchMu.RUnlock()
+	g, err := ts.takeGeneration(ctx, s.cg, s.log)
+	if err != nil {
+		return nil, err
+	}
+	p := &PreparedRoot{ts: ts, g: g, sb: s}
+	s.mu.Lock()
+	s.prepared[g] = true
+	s.mu.Unlock()
+	defer func() {
+		if err != nil {
+			p.Release()
+		}
+	}()
+	if p.target, err = s.mountRoot(view); err != nil {
+		return nil, err
+	}
+	if err := s.rt.configureInit(ctx, s, g, p.target); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// take hands the prepared generation and root to a restore of ts; false
+// when it was prepared for other templates or its init is gone.
+func (p *PreparedRoot) take(ts *Templates) (*generation, string, bool) {
+	if p == nil {
+		return nil, "", false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.used || p.ts != ts || !p.g.alive() {
+		return nil, "", false
+	}
+	p.used = true
+	p.sb.mu.Lock()
+	delete(p.sb.prepared, p.g)
+	p.sb.mu.Unlock()
+	return p.g, p.target, true
+}
+
+// Release undoes an unused preparation: the root is unmounted and the
+// generation released. It is a no-op once a restore took it.
+func (p *PreparedRoot) Release() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	used := p.used
+	p.used = true
+	p.mu.Unlock()
+	if used {
+		return
+	}
+	if p.target != "" {
+		_ = unix.Unmount(p.target, unix.MNT_DETACH)
+		_ = os.Remove(p.target)
+	}
+	if p.g != nil {
+		p.g.release() // dead before it stops counting as one of ours
+		p.sb.mu.Lock()
+		delete(p.sb.prepared, p.g)
+		p.sb.mu.Unlock()
+	}
 }

@@ -324,8 +324,9 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	m.layersMu.RLock()
 	defer m.layersMu.RUnlock()
 	var active layer.Info
-	if l, ok := m.takeSpare(id, ckID); ok {
-		active.ID = l
+	var prep *sandbox.PreparedRoot
+	if l, p, ok := m.takeSpare(id, ckID); ok {
+		active.ID, prep = l, p
 	} else if active, err = m.layers.Branch(ctx, ck.Layer, layer.WithLabels(map[string]string{"sandbox": id})); err != nil {
 		return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
 	}
@@ -336,12 +337,17 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	m.mu.Unlock()
 	branched := time.Now()
 	ts, why := m.templatesOf(ck)
+	if ts == nil || sb == nil || !sb.Alive() {
+		prep.Release() // it holds the layer's mount
+	}
 	if ts != nil && sb != nil && sb.Alive() {
 		// In place, on the fast path: a new generation of clones.
 		view, err := m.layers.Mounts(ctx, active.ID)
 		var cloned []sandbox.SessionKind
 		if err == nil {
-			cloned, err = sb.RestoreTemplates(ctx, view, ts)
+			cloned, err = sb.RestoreTemplates(ctx, view, ts, prep)
+		} else {
+			prep.Release()
 		}
 		if err == nil {
 			err = m.put(r)

@@ -4,8 +4,10 @@ package statemgr
 
 import (
 	"context"
+	"time"
 
 	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/sandbox"
 )
 
 // Spare branches: after a sandbox takes or restores a checkpoint, a writable
@@ -17,6 +19,16 @@ import (
 type spare struct {
 	checkpoint string
 	layer      string
+	// prep is, for a checkpoint with process templates, the restore made
+	// ready on the layer (see sandbox.PreparedRoot): it holds the layer's
+	// mount, so it is released before the layer is removed.
+	prep *sandbox.PreparedRoot
+}
+
+// drop releases a spare that will not be used and removes its layer.
+func (m *Manager) drop(sp spare) {
+	sp.prep.Release()
+	_ = m.layers.Remove(context.Background(), sp.layer)
 }
 
 // makeSpare prepares a spare branch of checkpoint ck (committed layer
@@ -32,49 +44,82 @@ func (m *Manager) makeSpare(id, ck, ckLayer string) {
 			m.log.Debug("spare branch", "sandbox", id, "checkpoint", ck, "err", err)
 			return
 		}
+		sp := spare{checkpoint: ck, layer: in.ID}
+		m.mu.Lock()
+		sb := m.live[id]
+		m.mu.Unlock()
+		if sb != nil {
+			sp.prep = m.prepareRoot(sb, ck, in.ID)
+		}
 		m.mu.Lock()
 		old, had := m.spares[id]
 		_, live := m.live[id]
 		if live {
-			m.spares[id] = spare{checkpoint: ck, layer: in.ID}
+			m.spares[id] = sp
 		}
 		m.mu.Unlock()
 		if had {
-			_ = m.layers.Remove(context.Background(), old.layer)
+			m.drop(old)
 		}
 		if !live {
-			_ = m.layers.Remove(context.Background(), in.ID)
+			m.drop(sp)
 		}
 	}()
 }
 
-// takeSpare returns the spare branch of checkpoint ck for sandbox id, if
-// there is one; it is the caller's from then on.
-func (m *Manager) takeSpare(id, ck string) (string, bool) {
+// prepareRoot makes a restore of sandbox sb to checkpoint ck ready on the
+// spare layer, when ck has live templates (nil otherwise, or on failure).
+func (m *Manager) prepareRoot(sb *sandbox.Sandbox, ck, layerID string) *sandbox.PreparedRoot {
+	rec, err := m.getCk(ck)
+	if err != nil {
+		return nil
+	}
+	ts, _ := m.templatesOf(rec)
+	if ts == nil {
+		return nil
+	}
+	view, err := m.layers.Mounts(context.Background(), layerID)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	prep, err := sb.PrepareRoot(ctx, ts, view)
+	if err != nil {
+		m.log.Debug("prepare restore", "sandbox", sb.ID(), "checkpoint", ck, "err", err)
+		return nil
+	}
+	return prep
+}
+
+// takeSpare returns the spare branch of checkpoint ck for sandbox id, and
+// the restore made ready on it, if there is one; they are the caller's
+// from then on.
+func (m *Manager) takeSpare(id, ck string) (string, *sandbox.PreparedRoot, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sp, ok := m.spares[id]
 	if !ok || sp.checkpoint != ck {
-		return "", false
+		return "", nil, false
 	}
 	delete(m.spares, id)
-	return sp.layer, true
+	return sp.layer, sp.prep, true
 }
 
 // dropSpares removes the spares of the sandboxes ids (all when ids is nil)
 // or of the checkpoints in cks.
 func (m *Manager) dropSpares(ctx context.Context, match func(sandbox string, sp spare) bool) {
 	m.mu.Lock()
-	var doomed []string
+	var doomed []spare
 	for sb, sp := range m.spares {
 		if match(sb, sp) {
-			doomed = append(doomed, sp.layer)
+			doomed = append(doomed, sp)
 			delete(m.spares, sb)
 		}
 	}
 	m.mu.Unlock()
-	for _, l := range doomed {
-		_ = m.layers.Remove(ctx, l)
+	for _, sp := range doomed {
+		m.drop(sp)
 	}
 }
 
