@@ -120,10 +120,14 @@ func (ts *Templates) Disconnect() {
 	ts.mu.Lock()
 	ts.released = true
 	ts.mu.Unlock()
+	ts.users.Wait()
 	ts.bg.Wait()
-	if ts.spare != nil { // not persisted: a next daemon makes its own
-		ts.spare.release()
-		ts.spare = nil
+	ts.mu.Lock()
+	spare := ts.spare // not persisted: a next daemon makes its own
+	ts.spare = nil
+	ts.mu.Unlock()
+	if spare != nil {
+		spare.release()
 	}
 	for g := ts.g; g != nil; g = g.parent {
 		if g.c != nil {
@@ -187,8 +191,7 @@ func (r *Runtime) adoptGeneration(ctx context.Context, rec GenRecord, parent *ge
 	key := strconv.Itoa(rec.Pid) + "-" + rec.Start
 	r.adoptMu.Lock()
 	defer r.adoptMu.Unlock()
-	if g, ok := r.adopted[key]; ok && g.alive() {
-		g.hold()
+	if g, ok := r.adopted[key]; ok && g.tryHold() {
 		if parent != nil {
 			parent.release() // g holds its parent already
 		}

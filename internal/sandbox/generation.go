@@ -217,11 +217,17 @@ func (g *generation) kill() {
 	}
 }
 
-// hold takes one more reference.
-func (g *generation) hold() {
+// tryHold takes one more reference, unless the last one is gone already
+// (a generation whose count reached 0 is being torn down: it must not come
+// back).
+func (g *generation) tryHold() bool {
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refs <= 0 || g.dead {
+		return false
+	}
 	g.refs++
-	g.mu.Unlock()
+	return true
 }
 
 // release drops a reference; the last one kills the init, frees what the
@@ -260,6 +266,16 @@ func (r *Runtime) spawnGeneration(ctx context.Context, parent *generation, cg cg
 		return nil, fmt.Errorf("a new generation would be %d pid namespaces deep, past the kernel's %d: %w (%w)",
 			parent.level+1, MaxPidNSLevel, ErrTooDeep, errdefs.ErrFailedPrecondition)
 	}
+	// The child's reference on its parent, taken first: the parent cannot
+	// be torn down while its child is being made.
+	if !parent.tryHold() {
+		return nil, fmt.Errorf("start a child generation: its parent is gone: %w", errdefs.ErrUnavailable)
+	}
+	defer func() {
+		if err != nil {
+			parent.release()
+		}
+	}()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("control socketpair: %w", err)
@@ -316,7 +332,6 @@ func (r *Runtime) spawnGeneration(ctx context.Context, parent *generation, cg cg
 	if err := cg.Add(g.hostPid); err != nil {
 		return nil, err
 	}
-	parent.hold()
 	return g, nil
 }
 

@@ -48,6 +48,19 @@ type Templates struct {
 	// for its root: a restore or fork takes it instead of booting an init.
 	spare *generation
 	bg    sync.WaitGroup // the making of spares
+	users sync.WaitGroup // restores, forks and preparations using them (see use)
+}
+
+// use pins the templates for one restore, fork or preparation: Release
+// waits for it. It reports false when they are released already.
+func (ts *Templates) use() bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.released {
+		return false
+	}
+	ts.users.Add(1)
+	return true
 }
 
 // takeGeneration returns a child generation of the templates' for a
@@ -55,6 +68,10 @@ type Templates struct {
 // else a new one; a new spare is made in the background.
 func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *slog.Logger) (*generation, error) {
 	ts.mu.Lock()
+	if ts.released {
+		ts.mu.Unlock()
+		return nil, fmt.Errorf("the templates are gone: %w", errdefs.ErrFailedPrecondition)
+	}
 	g := ts.spare
 	ts.spare = nil
 	ts.mu.Unlock()
@@ -273,9 +290,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 	}
 	switched := false // the sandbox lives in next: nothing to undo
+	spent := false    // next got its config: it cannot serve another checkpoint
 	defer func() {
 		if err != nil && !switched {
-			s.giveBack(next)
+			if spent {
+				next.release()
+			} else {
+				s.giveBack(next)
+			}
 		}
 	}()
 
@@ -339,6 +361,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			os.Remove(target)
 		}
 	}()
+	spent = true
 	if err := s.rt.configureInit(ctx, s, next, target); err != nil {
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 	}
@@ -457,15 +480,21 @@ func (s *Sandbox) prepareNext() {
 		s.mu.Unlock()
 		return
 	}
-	cur := s.g
 	s.bg.Add(1)
 	s.mu.Unlock()
 	go func() {
 		defer s.bg.Done()
 		// A checkpoint waits for a spare in the making: until it is
-		// registered, its init would look like a workload process.
+		// registered, its init would look like a workload process. Under
+		// the lock, the live generation cannot change meanwhile.
 		s.switchMu.RLock()
 		defer s.switchMu.RUnlock()
+		s.mu.Lock()
+		cur, done := s.g, s.destroyed || (s.spare != nil && s.spare.parent == s.g)
+		s.mu.Unlock()
+		if done {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		g, err := s.rt.spawnGeneration(ctx, cur, s.cg, s.log)
@@ -879,10 +908,14 @@ func (ts *Templates) Release() {
 	if done {
 		return
 	}
+	ts.users.Wait() // restores and forks that pinned them
 	ts.bg.Wait()
-	if ts.spare != nil {
-		ts.spare.release()
-		ts.spare = nil
+	ts.mu.Lock()
+	spare := ts.spare
+	ts.spare = nil
+	ts.mu.Unlock()
+	if spare != nil {
+		spare.release()
 	}
 	for _, t := range ts.procs {
 		if procfs.StartTime(t.pid) == t.start {
@@ -906,13 +939,18 @@ func (ts *Templates) Release() {
 func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Templates, prep *PreparedRoot) (cloned []SessionKind, err error) {
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
+	if !ts.use() {
+		prep.Release()
+		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
+	}
+	defer ts.users.Done()
 	if !ts.Alive() {
 		prep.Release()
 		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
 	tr := newTrace(ctx)
 	defer tr.done(s.log, "restore templates")
-	next, target, prepared := prep.take(ts)
+	next, target, prepared := prep.take(s, ts)
 	if !prepared {
 		prep.Release()
 		if next, err = ts.takeGeneration(ctx, s.cg, s.log); err != nil {
@@ -1010,6 +1048,10 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 // a new generation nested under theirs. spec.IDs must be the templates'
 // tree's.
 func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (_ *Sandbox, err error) {
+	if !ts.use() {
+		return nil, fmt.Errorf("fork into %q: the templates are gone: %w", spec.ID, errdefs.ErrFailedPrecondition)
+	}
+	defer ts.users.Done()
 	if !ts.Alive() {
 		return nil, fmt.Errorf("fork into %q: the templates are gone: %w", spec.ID, errdefs.ErrFailedPrecondition)
 	}
@@ -1095,6 +1137,16 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	// to a checkpoint (see prepareNext).
 	s.switchMu.RLock()
 	defer s.switchMu.RUnlock()
+	if !ts.use() {
+		return nil, fmt.Errorf("prepare a restore: the templates are gone: %w", errdefs.ErrFailedPrecondition)
+	}
+	defer ts.users.Done()
+	s.mu.Lock()
+	destroyed := s.destroyed
+	s.mu.Unlock()
+	if destroyed {
+		return nil, fmt.Errorf("prepare a restore: sandbox %q is gone: %w", s.id, errdefs.ErrFailedPrecondition)
+	}
 	g, err := ts.takeGeneration(ctx, s.cg, s.log)
 	if err != nil {
 		return nil, err
@@ -1119,13 +1171,13 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 
 // take hands the prepared generation and root to a restore of ts; false
 // when it was prepared for other templates or its init is gone.
-func (p *PreparedRoot) take(ts *Templates) (*generation, string, bool) {
+func (p *PreparedRoot) take(s *Sandbox, ts *Templates) (*generation, string, bool) {
 	if p == nil {
 		return nil, "", false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.used || p.ts != ts || !p.g.alive() {
+	if p.used || p.ts != ts || p.sb != s || !p.g.alive() {
 		return nil, "", false
 	}
 	p.used = true
