@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,6 +40,10 @@ func RunCrash(t *testing.T, newStore NewStore, rounds int) {
 		return
 	}
 	root := t.TempDir()
+	// A child killed mid-operation can leave its store's mounts (a btrfs
+	// image) behind; detach them before the directory is removed, so that
+	// a failed round does not leak them onto the machine.
+	t.Cleanup(func() { detachMountsUnder(root) })
 	ackPath := filepath.Join(t.TempDir(), "acks")
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	pattern := "^" + strings.Join(strings.Split(regexp.QuoteMeta(t.Name()), "/"), "$/^") + "$"
@@ -305,5 +310,24 @@ func crashChild(t *testing.T, newStore NewStore, root string) {
 			}
 			ack("remove %s", l.ID)
 		}
+	}
+}
+
+// detachMountsUnder lazily unmounts every mount below dir, deepest first.
+func detachMountsUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
+	for _, m := range mounts {
+		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
 }
