@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/procfs"
 )
 
 // pageSize is the smallest page size: the alignment of Scratch memory and
@@ -179,17 +180,16 @@ func statusField(pid int, name string) (string, error) {
 	return "", fmt.Errorf("no %s in /proc/%d/status: %w", name, pid, errdefs.ErrNotFound)
 }
 
-// nsPid is pid as the process sees itself: the last NSpid entry.
+// nsPid is pid's pid in its own pid namespace.
 func nsPid(pid int) (int, error) {
-	v, err := statusField(pid, "NSpid")
+	ns, err := procfs.NSpids(pid)
 	if err != nil {
 		return 0, err
 	}
-	f := strings.Fields(v)
-	if len(f) == 0 {
+	if len(ns) == 0 {
 		return 0, fmt.Errorf("empty NSpid of %d: %w", pid, errdefs.ErrNotFound)
 	}
-	return strconv.Atoi(f[len(f)-1])
+	return ns[len(ns)-1], nil
 }
 
 // deliverable reports whether one of sigs is not blocked by pid, so that

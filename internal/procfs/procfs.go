@@ -64,6 +64,9 @@ func NSpids(pid int) ([]int, error) {
 				}
 				out = append(out, n)
 			}
+			if len(out) == 0 {
+				break
+			}
 			return out, nil
 		}
 	}

@@ -526,10 +526,6 @@ func (s *Sandbox) rootLevel() int {
 	return g.level
 }
 
-// Depth is how many generations the sandbox's live one is below its tree's
-// root.
-func (s *Sandbox) Depth() int { return s.cur().level - s.rootLevel() }
-
 // inspect reads what a clone of the stopped session process pid needs, or
 // says why it cannot be a template.
 func inspect(pid int, ss *session) (*template, string) {

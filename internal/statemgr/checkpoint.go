@@ -148,9 +148,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 			return m.ckInfo(ck, []string{id}), nil
 		}
 		for i := range ck.Processes {
-			if ck.Processes[i].Reason == "" || ck.Processes[i].Path != daemon.PathReplay {
-				ck.Processes[i].Reason = strings.TrimSpace(ck.Processes[i].Reason + " (" + why + ")")
-			}
+			ck.Processes[i].Reason = strings.TrimSpace(ck.Processes[i].Reason + " (" + why + ")")
 		}
 	}
 
@@ -192,16 +190,22 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 	}()
 	// Acknowledge: the node and the new head in one fsynced transaction.
 	r.Head = ck.ID
-	if err := m.db.Update(func(tx *bolt.Tx) error {
-		if err := putJSON(tx.Bucket(bucketCheckpoints), ck.ID, ck); err != nil {
-			return err
-		}
-		return putJSON(tx.Bucket(bucketSandboxes), r.ID, r)
-	}); err != nil {
+	if err := m.ack(ck, r); err != nil {
 		return daemon.Checkpoint{}, fmt.Errorf("checkpoint sandbox %q: store: %w", id, err)
 	}
 	m.makeSpare(id, ck.ID, ck.Layer)
 	return m.ckInfo(ck, []string{id}), nil
+}
+
+// ack stores a checkpoint and its sandbox's record (the new head) in one
+// fsynced transaction: the acknowledgement of a checkpoint.
+func (m *Manager) ack(ck *ckRecord, r *record) error {
+	return m.db.Update(func(tx *bolt.Tx) error {
+		if err := putJSON(tx.Bucket(bucketCheckpoints), ck.ID, ck); err != nil {
+			return err
+		}
+		return putJSON(tx.Bucket(bucketSandboxes), r.ID, r)
+	})
 }
 
 // checkpointTemplates tries the fast path (see sandbox.CheckpointTemplates).
@@ -238,12 +242,7 @@ func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, 
 	ck.Created = time.Now().UTC()
 	retired := r.Layer
 	r.Layer, r.Head = active.ID, ck.ID
-	if err := m.db.Update(func(tx *bolt.Tx) error {
-		if err := putJSON(tx.Bucket(bucketCheckpoints), ck.ID, ck); err != nil {
-			return err
-		}
-		return putJSON(tx.Bucket(bucketSandboxes), r.ID, r)
-	}); err != nil {
+	if err := m.ack(ck, r); err != nil {
 		// The sandbox already lives on active: the record follows it, the
 		// checkpoint is undone.
 		ts.Release()
@@ -337,52 +336,30 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	m.mu.Unlock()
 	branched := time.Now()
 	ts, why := m.templatesOf(ck)
-	if ts == nil || sb == nil || !sb.Alive() {
+	live := sb != nil && sb.Alive()
+	defer prep.Release() // a no-op once RestoreTemplates took it
+	if ts == nil || !live {
 		prep.Release() // it holds the layer's mount
+		ts = nil
 	}
-	if ts != nil && sb != nil && sb.Alive() {
-		// In place, on the fast path: a new generation of clones.
+	var cloned []sandbox.SessionKind
+	if live {
+		// In place: on the fast path a new generation of the templates'
+		// clones; otherwise the same init, namespaces and cgroup on a new
+		// root.
 		view, err := m.layers.Mounts(ctx, active.ID)
-		var cloned []sandbox.SessionKind
-		if err == nil {
+		switch {
+		case err != nil:
+		case ts != nil:
 			cloned, err = sb.RestoreTemplates(ctx, view, ts, prep)
-		} else {
-			prep.Release()
-		}
-		if err == nil {
-			err = m.put(r)
-		}
-		if err != nil {
-			_ = m.layers.Remove(context.Background(), active.ID)
-			r.Layer, r.Head = oldLayer, oldHead
-			if !sb.Alive() {
-				m.restart(r)
-			}
-			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
-		}
-		res := daemon.RestoreResult{RestoreMs: msSince(began)}
-		for _, k := range ts.Kinds() {
-			ps := daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate}
-			if !slices.Contains(cloned, k) {
-				ps.Path, ps.Reason = daemon.PathNone, "its clone failed; a fresh session starts"
-			}
-			res.Processes = append(res.Processes, ps)
-		}
-		m.makeSpare(id, ckID, ck.Layer)
-		m.removeLater(sb, oldLayer)
-		return res, nil
-	}
-	if sb != nil && sb.Alive() {
-		// In place: same init, namespaces and cgroup; a new root.
-		view, err := m.layers.Mounts(ctx, active.ID)
-		if err == nil {
+		default:
 			err = sb.Reroot(ctx, view)
 		}
 		rerooted := time.Now()
 		if err == nil {
 			err = m.put(r)
 		}
-		m.log.Debug("restore", "sandbox", id, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)), "store_ms", ms(time.Since(rerooted)))
+		m.log.Debug("restore", "sandbox", id, "templates", ts != nil, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)), "store_ms", ms(time.Since(rerooted)))
 		if err != nil {
 			_ = m.layers.Remove(context.Background(), active.ID)
 			r.Layer, r.Head = oldLayer, oldHead
@@ -390,6 +367,19 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 				m.restart(r)
 			}
 			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
+		}
+		if ts != nil {
+			res := daemon.RestoreResult{RestoreMs: msSince(began)}
+			for _, k := range ts.Kinds() {
+				ps := daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate}
+				if !slices.Contains(cloned, k) {
+					ps.Path, ps.Reason = daemon.PathNone, "its clone failed; a fresh session starts"
+				}
+				res.Processes = append(res.Processes, ps)
+			}
+			m.makeSpare(id, ckID, ck.Layer)
+			m.removeLater(sb, oldLayer)
+			return res, nil
 		}
 	} else {
 		// Stopped: start it on the new layer.

@@ -4,7 +4,6 @@ package statemgr
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -212,14 +211,4 @@ func templateProcesses(ts *sandbox.Templates) []daemon.ProcessState {
 		out = append(out, daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate})
 	}
 	return out
-}
-
-// ineligibleReasons says, per process, why a checkpoint did not take the
-// template path.
-func ineligibleReasons(err error) string {
-	var ie *sandbox.IneligibleError
-	if errors.As(err, &ie) {
-		return ie.Error()
-	}
-	return err.Error()
 }
