@@ -139,6 +139,10 @@ type Sandbox struct {
 	// spare is a child generation of g made ahead of time (see
 	// prepareNext): a checkpoint takes it instead of booting an init.
 	spare *generation
+	// spareRoot is the root the spare's init is set up on (configureInit),
+	// "" while it waits for one: a spare set up on the live root takes a
+	// checkpoint's root setup off its pause.
+	spareRoot string
 	// prepared are the generations of restores made ready (PrepareRoot),
 	// which run in the sandbox's cgroup but are no workload.
 	prepared map[*generation]bool
@@ -481,7 +485,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	var errs []error
 	s.mu.Lock()
 	g, done, spare := s.g, s.destroyed, s.spare
-	s.destroyed, s.spare = true, nil
+	s.destroyed, s.spare, s.spareRoot = true, nil, ""
 	s.mu.Unlock()
 	s.bg.Wait() // a spare generation in the making
 	s.mu.Lock()

@@ -217,19 +217,23 @@ const seizeTimeout = 2 * time.Second
 
 // CheckpointTemplates is the checkpoint's fast path. When every process of
 // the sandbox is an idle session (single-threaded, childless, no socket, no
-// writable shared mapping, no call running), it stops them, calls capture
-// (which commits the filesystem at this instant and returns the view of the
-// writable layer the sandbox goes on with), freezes them in place as the
-// templates, and moves the sandbox on into a new generation nested under
-// the old one: a new root on view, and each session cloned from its
-// template. What the sessions see changes only in their pids.
+// writable shared mapping, no call running), it stops them, freezes them in
+// place as the templates and moves the sandbox on into a new generation
+// nested under the old one, on the same root: each session is cloned from
+// its template. What the sessions see changes only in their pids.
+//
+// capture commits the filesystem (the sandbox's writable layer stays the
+// live one): it must call captured at the instant the content is taken
+// (the clones start only then) and may go on with its bookkeeping
+// afterwards. It runs while the clones are made, so that the pause is the
+// longer of the two, not their sum.
 //
 // It returns an *IneligibleError, having changed nothing, when the sandbox
 // does not qualify, and an error wrapping ErrTooDeep at the nesting limit.
-// name names the templates' cgroup. On any other failure nothing changed
-// either, except that the filesystem commit the caller made stays its own to
-// undo.
-func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture func(context.Context) (layer.View, error)) (_ *Templates, err error) {
+// name names the templates' cgroup. When capture fails before captured,
+// nothing changed; after it, the sandbox lives on in the new generation and
+// only the templates are gone. A commit capture made stays its own to undo.
+func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture func(ctx context.Context, captured func()) error) (_ *Templates, err error) {
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
 	s.mu.Lock()
@@ -283,21 +287,16 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		return nil, &IneligibleError{Reasons: reasons}
 	}
 
-	// 2. The next generation, before anything stops: its init boots while
-	//    the sandbox runs.
-	next, err := s.takeNext(ctx)
+	// 2. The next generation, before anything stops: its init is booted,
+	//    and normally set up on the root already (prepareNext).
+	next, nextRoot, err := s.takeNext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 	}
 	switched := false // the sandbox lives in next: nothing to undo
-	spent := false    // next got its config: it cannot serve another checkpoint
 	defer func() {
 		if err != nil && !switched {
-			if spent {
-				next.release()
-			} else {
-				s.giveBack(next)
-			}
+			s.giveBack(next, nextRoot)
 		}
 	}()
 
@@ -343,55 +342,83 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		return nil, &IneligibleError{Reasons: reasons}
 	}
 	seized := time.Now()
-
-	// 4. The filesystem at this instant, and the root of the next
-	//    generation.
-	view, err := capture(ctx)
-	if err != nil {
-		return nil, err
-	}
-	captured := time.Now()
-	target, err := s.mountRoot(view)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil && !switched {
-			_ = layer.Unmount(target)
-			os.Remove(target)
+	s.mu.Lock()
+	root := s.rootfs
+	s.mu.Unlock()
+	if nextRoot != root {
+		// No spare was ready: its setup joins the pause.
+		if err := s.rt.configureInit(ctx, s, next, root); err != nil {
+			next.release()
+			next = nil
+			nextRoot = ""
+			return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 		}
-	}()
-	spent = true
-	if err := s.rt.configureInit(ctx, s, next, target); err != nil {
-		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
+		nextRoot = root
 	}
 	configured := time.Now()
 
-	// 5. The templates' home, then the clones. From here on the old
-	//    generation holds the templates; the sandbox lives in next.
-	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
-	if err != nil {
-		return nil, err
+	// 4. The filesystem at this instant, while the clones are made: they
+	//    start only once it is taken.
+	capturedAt := make(chan struct{})
+	var once sync.Once
+	capDone := make(chan error, 1)
+	go func() {
+		capDone <- capture(ctx, func() { once.Do(func() { close(capturedAt) }) })
+	}()
+	capErr := func() error { // waits for the instant of capture
+		select {
+		case <-capturedAt:
+			return nil
+		case err := <-capDone:
+			select {
+			case <-capturedAt:
+				capDone <- err // for the wait after the switch
+				return nil
+			default:
+			}
+			if err == nil {
+				err = errors.New("capture returned without taking the content")
+			}
+			return err
+		}
 	}
-	ts := &Templates{g: old, cg: tcg, tracer: tr, procs: tpls, rt: s.rt}
-	fresh, cerr := ts.cloneAll(ctx, stopped, next, s)
-	stopped = nil // cloneAll detached them, templates and clones
-	switched = true
+
+	// 5. The clones, made but not started; then the instant of capture.
+	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt}
+	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s)
+	if cerr == nil {
+		cerr = capErr()
+	} else {
+		<-capDone // the capture ran all the same: the caller undoes it
+	}
 	if cerr != nil {
-		// The sandbox cannot go back; the sessions that failed start
-		// fresh in the new generation.
-		s.log.Warn("checkpoint: clone failed; the session starts fresh", "err", cerr)
+		// Back as they were: the clones never ran; the sessions resume
+		// with the pid namespace of their children restored.
+		for _, c := range clones {
+			_ = c.Kill()
+		}
+		for _, p := range stopped {
+			if rerr := resetPidNS(p); rerr != nil {
+				s.log.Warn("checkpoint undo: a session's children would be born in the new generation; killing it", "pid", p.Pid(), "err", rerr)
+				_ = p.Kill()
+			}
+		}
+		for _, ss := range fresh {
+			ss.closePipes()
+		}
+		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, cerr)
 	}
+	for _, p := range stopped {
+		_ = p.Detach(true) // the templates
+	}
+	stopped = nil
+	start(s.log, clones)
+	switched = true
 	cloned := time.Now()
 	ts.Pause = cloned.Sub(began)
-	for _, t := range tpls {
-		_ = tcg.Add(t.pid)
-	}
-	_ = tcg.Add(old.hostPid)
 
 	s.mu.Lock()
-	oldRoot := s.rootfs
-	s.g, s.rootfs = next, target
+	s.g = next
 	for _, ss := range sessions {
 		delete(s.sess, ss.kind)
 	}
@@ -402,19 +429,47 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
-	s.detachRoot(oldRoot)
-	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "capture_ms", ms(captured.Sub(seized)),
-		"root_ms", ms(configured.Sub(captured)), "clone_ms", ms(cloned.Sub(configured)))
-	// Off the pause: the next checkpoint's generation, and the templates'
-	// generations outlive the daemon.
+	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
+		"clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
+	// The templates' home; then, off the pause, the next checkpoint's
+	// generation, and the templates' generations outlive the daemon.
+	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
+	if err == nil {
+		ts.cg = tcg
+		for _, t := range tpls {
+			_ = tcg.Add(t.pid)
+		}
+		_ = tcg.Add(old.hostPid)
+	}
 	s.prepareNext()
+	err = errors.Join(err, <-capDone) // and the capture's bookkeeping
+	if err != nil {
+		ts.Release()
+		return nil, fmt.Errorf("checkpoint sandbox %q: the sandbox goes on, its templates are dropped: %w", s.id, err)
+	}
 	ts.refill()
 	if err := s.rt.persist(ctx, old); err != nil {
 		s.log.Warn("checkpoint: templates will not survive a daemon restart", "err", err)
 	}
-	// A clone that failed leaves its session to start fresh on its next
-	// call; the templates are whole all the same.
 	return ts, nil
+}
+
+// resetPidNS points the pid namespace for the children of a stopped session
+// back at its own (a clone moved it to the next generation's).
+func resetPidNS(p *inject.Proc) error {
+	return p.Batch(func(b *inject.Batch) error {
+		pid, err := b.Syscall(p, unix.SYS_GETPID)
+		if err != nil {
+			return err
+		}
+		pfd, err := b.Syscall(p, unix.SYS_PIDFD_OPEN, pid, 0)
+		if err != nil {
+			return err
+		}
+		defer func() { _, _ = b.Syscall(p, unix.SYS_CLOSE, pfd) }()
+		_, err = b.Syscall(p, unix.SYS_SETNS, pfd, unix.CLONE_NEWPID)
+		return err
+	})
 }
 
 // atFDCWD is AT_FDCWD as a syscall argument (sign-extended).
@@ -423,26 +478,29 @@ var atFDCWD = func() uintptr { v := unix.AT_FDCWD; return uintptr(v) }()
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // takeNext returns a child generation of the live one, in the sandbox's
-// cgroup: the spare if there is one, else a new one.
-func (s *Sandbox) takeNext(ctx context.Context) (*generation, error) {
+// cgroup, and the root its init is set up on ("" when none yet): the spare
+// if there is one, else a new one.
+func (s *Sandbox) takeNext(ctx context.Context) (*generation, string, error) {
 	s.mu.Lock()
-	g, cur := s.spare, s.g
-	s.spare = nil
+	g, root, cur := s.spare, s.spareRoot, s.g
+	s.spare, s.spareRoot = nil, ""
 	s.mu.Unlock()
 	if g != nil && g.parent == cur && g.alive() {
-		return g, nil
+		return g, root, nil
 	}
 	if g != nil {
 		g.release()
 	}
-	return s.rt.spawnGeneration(ctx, cur, s.cg, s.log)
+	g, err := s.rt.spawnGeneration(ctx, cur, s.cg, s.log)
+	return g, "", err
 }
 
-// giveBack keeps an unused next generation as the spare, or releases it.
-func (s *Sandbox) giveBack(g *generation) {
+// giveBack keeps an unused next generation (set up on root, or "") as the
+// spare, or releases it.
+func (s *Sandbox) giveBack(g *generation, root string) {
 	s.mu.Lock()
-	if !s.destroyed && s.spare == nil && g.parent == s.g && g.alive() {
-		s.spare = g
+	if !s.destroyed && s.spare == nil && g.parent == s.g && g.alive() && (root == "" || root == s.rootfs) {
+		s.spare, s.spareRoot = g, root
 		g = nil
 	}
 	s.mu.Unlock()
@@ -471,12 +529,13 @@ func (s *Sandbox) initPids() map[int]bool {
 }
 
 // prepareNext makes a spare child generation of the live one in the
-// background, unless there is one: the next checkpoint's init is then
-// booted already, and booting it (tens of milliseconds of a Go runtime
-// starting on a busy machine) never competes with the checkpoint itself.
+// background, unless there is one, and sets it up on the live root: the
+// next checkpoint's init is then booted and its root ready (the sandbox
+// keeps its root across a checkpoint), so that neither competes with the
+// checkpoint's pause.
 func (s *Sandbox) prepareNext() {
 	s.mu.Lock()
-	if s.destroyed || (s.spare != nil && s.spare.parent == s.g) {
+	if s.destroyed || (s.spare != nil && s.spare.parent == s.g && s.spareRoot == s.rootfs) {
 		s.mu.Unlock()
 		return
 	}
@@ -486,33 +545,41 @@ func (s *Sandbox) prepareNext() {
 		defer s.bg.Done()
 		// A checkpoint waits for a spare in the making: until it is
 		// registered, its init would look like a workload process. Under
-		// the lock, the live generation cannot change meanwhile.
+		// the lock, the live generation and root cannot change meanwhile.
 		s.switchMu.RLock()
 		defer s.switchMu.RUnlock()
-		s.mu.Lock()
-		cur, done := s.g, s.destroyed || (s.spare != nil && s.spare.parent == s.g)
-		s.mu.Unlock()
-		if done {
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		g, err := s.rt.spawnGeneration(ctx, cur, s.cg, s.log)
-		if err != nil {
+		s.mu.Lock()
+		cur, root, done := s.g, s.rootfs, s.destroyed
+		g := s.spare
+		if g != nil && (g.parent != cur || !g.alive()) {
+			g.release()
+			g = nil
+		}
+		if g != nil && s.spareRoot == root {
+			done = true
+		}
+		s.spare, s.spareRoot = nil, ""
+		s.mu.Unlock()
+		if done {
+			if g != nil {
+				s.giveBack(g, root)
+			}
 			return
 		}
-		s.mu.Lock()
-		old := s.spare
-		if s.destroyed || s.g != cur {
-			s.mu.Unlock()
+		if g == nil {
+			var err error
+			if g, err = s.rt.spawnGeneration(ctx, cur, s.cg, s.log); err != nil {
+				return
+			}
+		}
+		if err := s.rt.configureInit(ctx, s, g, root); err != nil {
+			s.log.Debug("spare generation: setup failed", "err", err)
 			g.release()
 			return
 		}
-		s.spare = g
-		s.mu.Unlock()
-		if old != nil {
-			old.release()
-		}
+		s.giveBack(g, root)
 	}()
 }
 
@@ -624,22 +691,33 @@ func inspect(pid int, ss *session) (*template, string) {
 // of sb, and detaches everything: the templates stopped, the clones running.
 // seized are the templates, already attached (the checkpoint's own), or nil
 // to attach them here. It returns the new sessions.
-func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *generation, sb *Sandbox) (map[SessionKind]*session, error) {
+func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *generation, sb *Sandbox) (map[SessionKind]*session, []*inject.Proc, error) {
 	out := map[SessionKind]*session{}
+	var clones []*inject.Proc
 	var errs []error
 	for i, t := range ts.procs {
 		var p *inject.Proc
 		if seized != nil {
 			p = seized[i]
 		}
-		ss, err := ts.clone(ctx, t, p, next, sb)
+		ss, c, err := ts.clone(ctx, t, p, next, sb)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s session: %w", t.kind, err))
 			continue
 		}
 		out[t.kind] = ss
+		clones = append(clones, c)
 	}
-	return out, errors.Join(errs...)
+	return out, clones, errors.Join(errs...)
+}
+
+// start lets clones made by cloneAll run.
+func start(log *slog.Logger, clones []*inject.Proc) {
+	for _, c := range clones {
+		if err := c.Detach(false); err != nil {
+			log.Warn("a clone did not start", "pid", c.Pid(), "err", err)
+		}
+	}
 }
 
 // clone makes one clone of t in next: the injection sequence of
@@ -648,24 +726,27 @@ func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *
 // the clone is its init's child, not the template's); the clone joins next's
 // mount, net, uts and ipc namespaces, goes to its cwd, takes fresh stdio
 // from next's init (pidfd_getfd) and opens its files again at their offsets.
-func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox) (_ *session, err error) {
+// The clone is returned stopped, attached: Detach(false) starts it. A
+// template tp the caller seized stays attached; one clone seizes itself is
+// left in group-stop again.
+func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox) (_ *session, c *inject.Proc, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tr := newTrace(ctx)
 	defer tr.done(sb.log, "clone "+t.kind.String())
 	if tp == nil {
 		if !t.stopped() {
-			return nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
+			return nil, nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
 		}
 		if tp, err = ts.tracer.Seize(ctx, t.pid, seizeTimeout); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if r := tp.Regs(); r.PC() != t.pc || r.SP() != t.sp {
 			_ = tp.Detach(true)
-			return nil, fmt.Errorf("template %d was resumed (it is not where it stopped)", t.pid)
+			return nil, nil, fmt.Errorf("template %d was resumed (it is not where it stopped)", t.pid)
 		}
+		defer func() { _ = tp.Detach(true) }()
 	}
-	defer func() { _ = tp.Detach(true) }()
 
 	// Fresh stdio: the daemon keeps one end, next's init holds the other
 	// until the clone took it.
@@ -685,7 +766,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	for i := range theirs {
 		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if i == 0 { // the clone reads its stdin, writes the others
 			r, w = w, r
@@ -695,26 +776,25 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	tr.step("seize")
 	held, err := next.request(ctx, message{Op: opHold}, theirs[:]...)
 	if err != nil {
-		return nil, fmt.Errorf("hand over stdio: %w", err)
+		return nil, nil, fmt.Errorf("hand over stdio: %w", err)
 	}
 	if len(held.Fds) != 3 {
-		return nil, fmt.Errorf("hand over stdio: init holds %d fds", len(held.Fds))
+		return nil, nil, fmt.Errorf("hand over stdio: init holds %d fds", len(held.Fds))
 	}
 	defer func() { _ = next.c.Send(message{Op: opRelease, Fds: held.Fds}) }()
 
 	tr.step("hold")
 	ns, err := procfs.NSpids(next.hostPid)
 	if err != nil || len(ns) <= ts.g.level {
-		return nil, fmt.Errorf("pid of the new init in the template's namespace: %v", err)
+		return nil, nil, fmt.Errorf("pid of the new init in the template's namespace: %v", err)
 	}
 	scratch, err := tp.Scratch() // the clone's stack is the template's
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tid := tp.FSBase() + t.tidOff
 	// One batch on the tracer's thread: the template clones itself into
 	// next's pid namespace, the clone enters next's other namespaces.
-	var c *inject.Proc
 	err = tp.Batch(func(b *inject.Batch) error {
 		pfd, err := b.Syscall(tp, unix.SYS_PIDFD_OPEN, uintptr(ns[ts.g.level]), 0)
 		if err != nil {
@@ -733,7 +813,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		if c != nil {
 			_ = c.Kill()
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -756,30 +836,26 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	}
 	sb.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !ok {
 		// Born in the templates' cgroup: move it.
 		if err := sb.cg.Add(c.Pid()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := cg.Add(c.Pid()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	p.cg = cg
 	cns, err := procfs.NSpids(c.Pid())
 	if err != nil || len(cns) <= t.origin.level {
-		return nil, fmt.Errorf("clone's pids: %v", err)
+		return nil, nil, fmt.Errorf("clone's pids: %v", err)
 	}
 	p.pid = cns[len(cns)-1]
 	p.status = t.origin.waitChan(cns[t.origin.level]) // before it can exit
 	tr.step("cgroup")
-	if err := c.Detach(false); err != nil {
-		return nil, fmt.Errorf("start clone: %w", err)
-	}
-	tr.step("detach")
-	return &session{kind: t.kind, p: p}, nil
+	return &session{kind: t.kind, p: p}, c, nil
 }
 
 // enter runs the clone's side of the sequence: into next's namespaces, cwd,
@@ -921,7 +997,9 @@ func (ts *Templates) Release() {
 	ts.g.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = ts.cg.Delete(ctx)
+	if ts.cg != nil {
+		_ = ts.cg.Delete(ctx)
+	}
 }
 
 // RestoreTemplates restores the sandbox in place to a checkpoint's
@@ -986,7 +1064,8 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	s.spare = nil
 	s.mu.Unlock()
 	tr.step("switch")
-	fresh, cerr := ts.cloneAll(ctx, nil, next, s)
+	fresh, clones, cerr := ts.cloneAll(ctx, nil, next, s)
+	start(s.log, clones)
 	tr.step("clones")
 	// The old generation and its processes go afterwards, in the
 	// background (tearing a process down competes for the CPU with the
@@ -1060,7 +1139,8 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 	}
 	sb.switchMu.Lock()
 	defer sb.switchMu.Unlock()
-	fresh, err := ts.cloneAll(ctx, nil, sb.cur(), sb)
+	fresh, clones, err := ts.cloneAll(ctx, nil, sb.cur(), sb)
+	start(sb.log, clones)
 	sb.mu.Lock()
 	for k, ss := range fresh {
 		sb.sess[k] = ss

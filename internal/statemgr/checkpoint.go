@@ -208,26 +208,21 @@ func (m *Manager) ack(ck *ckRecord, r *record) error {
 	})
 }
 
-// checkpointTemplates tries the fast path (see sandbox.CheckpointTemplates).
+// checkpointTemplates tries the fast path (see sandbox.CheckpointTemplates):
+// the sessions become templates, the filesystem a snapshot of the writable
+// layer, which the sandbox keeps (its new generation runs on the same root).
 // It reports false, with the reason and nothing changed, when the sandbox is
 // not eligible.
 func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, r *record, ck *ckRecord) (bool, string, error) {
-	var committed, active layer.Info
-	ts, err := sb.CheckpointTemplates(ctx, "tpl-"+ck.ID, func(ctx context.Context) (layer.View, error) {
+	var committed layer.Info
+	ts, err := sb.CheckpointTemplates(ctx, "tpl-"+ck.ID, func(ctx context.Context, captured func()) error {
 		var err error
-		if committed, err = m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID}, nil); err != nil {
-			return layer.View{}, err
-		}
-		if active, err = m.layers.Branch(ctx, committed.ID, layer.WithLabels(map[string]string{"sandbox": r.ID})); err != nil {
-			return layer.View{}, err
-		}
-		return m.layers.Mounts(ctx, active.ID)
+		committed, err = m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID}, captured)
+		return err
 	})
 	if err != nil {
-		for _, l := range []string{active.ID, committed.ID} {
-			if l != "" {
-				_ = m.layers.Remove(context.Background(), l)
-			}
+		if committed.ID != "" {
+			_ = m.layers.Remove(context.Background(), committed.ID)
 		}
 		var ie *sandbox.IneligibleError
 		if errors.As(err, &ie) {
@@ -237,20 +232,18 @@ func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, 
 	}
 	ck.Layer, ck.Templates, ck.PauseMs = committed.ID, true, ms(ts.Pause)
 	rec := ts.Record()
+	// The templates' mounts are the sandbox's writable layer's: it stays
+	// while they live, even once the sandbox moved on to another.
 	ck.Tpl, ck.Retired = &rec, r.Layer
 	ck.Processes = templateProcesses(ts)
 	ck.Created = time.Now().UTC()
-	retired := r.Layer
-	r.Layer, r.Head = active.ID, ck.ID
+	r.Head = ck.ID
 	if err := m.ack(ck, r); err != nil {
-		// The sandbox already lives on active: the record follows it, the
-		// checkpoint is undone.
 		ts.Release()
-		_ = m.put(r)
 		_ = m.layers.Remove(context.Background(), committed.ID)
 		return false, "", fmt.Errorf("store: %w", err)
 	}
-	m.keepTemplates(ck.ID, ts, retired)
+	m.keepTemplates(ck.ID, ts, r.Layer)
 	m.makeSpare(r.ID, ck.ID, ck.Layer)
 	return true, "", nil
 }
@@ -418,6 +411,9 @@ func (m *Manager) removeLater(sb *sandbox.Sandbox, oldLayer string) {
 	go func() {
 		defer m.bg.Done()
 		sb.Settle()
+		if m.layerPinned(oldLayer) {
+			return // templates' root: removed with the last of them
+		}
 		if err := m.layers.Remove(context.Background(), oldLayer); err != nil && !errdefs.IsNotFound(err) {
 			m.log.Warn("restore: old layer kept for GC", "layer", oldLayer, "err", err)
 		}

@@ -586,7 +586,7 @@ func (m *Manager) removeRecord(ctx context.Context, r *record) error {
 	m.mu.Lock()
 	delete(m.ops, r.ID)
 	m.mu.Unlock()
-	if r.Layer != "" {
+	if r.Layer != "" && !m.layerPinned(r.Layer) {
 		if err := m.layers.Remove(ctx, r.Layer); err != nil && !errdefs.IsNotFound(err) {
 			m.log.Warn("sandbox removed; its layer is left for gc", "sandbox", r.ID, "layer", r.Layer, "err", err)
 		}

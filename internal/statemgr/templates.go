@@ -5,6 +5,7 @@ package statemgr
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // to its session data).
 type heldTemplates struct {
 	ts       *sandbox.Templates
-	retired  string // the sandbox's writable layer before the checkpoint: the templates' root, removed with them
+	retired  string // the sandbox's writable layer at the checkpoint: the templates' root, removed with the last of them once no sandbox has it
 	lastUsed time.Time
 	bytes    int64 // private memory, measured when made
 }
@@ -109,7 +110,7 @@ func (m *Manager) dropTemplates(ckID, why string) {
 		return
 	}
 	h.ts.Release()
-	if h.retired != "" {
+	if h.retired != "" && !m.layerPinned(h.retired) {
 		if err := m.layers.Remove(context.Background(), h.retired); err != nil {
 			m.log.Warn("templates: root layer kept for GC", "layer", h.retired, "err", err)
 		}
@@ -154,6 +155,21 @@ func (m *Manager) adoptTemplates(ctx context.Context) {
 	for _, g := range m.rt.KillOrphanGenerations() {
 		m.log.Warn("killed an orphan template generation of a previous daemon", "generation", g)
 	}
+}
+
+// layerPinned reports whether layer l is still a sandbox's writable layer or
+// the root of live templates: removing it must wait for the last of them.
+func (m *Manager) layerPinned(l string) bool {
+	if slices.Contains(m.retiredLayers(), l) {
+		return true
+	}
+	recs, _ := m.records()
+	for _, r := range recs {
+		if r.Layer == l {
+			return true
+		}
+	}
+	return false
 }
 
 // retiredLayers are the layers held by live templates (gc keeps them).

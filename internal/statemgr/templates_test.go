@@ -8,13 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/deltabox/deltabox/internal/daemon"
+	"github.com/deltabox/deltabox/internal/layer"
+	"github.com/deltabox/deltabox/internal/layer/btrfs"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
 	"github.com/deltabox/deltabox/internal/testutil"
@@ -414,5 +418,68 @@ func TestDaemonRestartReadoptsTemplates(t *testing.T) {
 		if s := testutil.ProcState(p); s != "" && s != "Z" {
 			t.Errorf("template %d outlived its checkpoint (state %q)", p, s)
 		}
+	}
+}
+
+// failingCommits is a btrfs layer store whose live commits fail on demand.
+type failingCommits struct {
+	layer.Store
+	fail atomic.Bool
+}
+
+func (f *failingCommits) CommitLive(ctx context.Context, active string, opts ...layer.Opt) (layer.Info, error) {
+	if f.fail.Load() {
+		return layer.Info{}, errors.New("injected commit failure")
+	}
+	return f.Store.(layer.LiveCommitter).CommitLive(ctx, active, opts...)
+}
+
+// TestTemplateCheckpointFailureLeavesSessionsAsTheyWere fails the
+// filesystem commit of a template checkpoint after the sessions were
+// stopped and cloned: the checkpoint fails, the sessions go on in the same
+// processes with their state, their children are born in their own pid
+// namespace (not the abandoned generation's), and the next checkpoint and
+// restore work.
+func TestTemplateCheckpointFailureLeavesSessionsAsTheyWere(t *testing.T) {
+	var fc *failingCommits
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) {
+		st, err := btrfs.New(filepath.Join(o.Root, "layers"), btrfs.WithImageSize(256<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc = &failingCommits{Store: st}
+		o.Layers, o.Storage = fc, "btrfs"
+	})
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `import os; x = 41`)
+	pid := session(t, m, id, sandbox.SessionPython, `print(os.getpid())`).stdout
+
+	fc.fail.Store(true)
+	if _, err := m.Checkpoint(context.Background(), id, daemon.CheckpointOptions{}); err == nil {
+		t.Fatal("checkpoint with a failing commit succeeded")
+	}
+	fc.fail.Store(false)
+	if got := session(t, m, id, sandbox.SessionPython, `print(os.getpid())`).stdout; got != pid {
+		t.Fatalf("python pid after the failed checkpoint %q, want the same process %q", got, pid)
+	}
+	// A child's pid as its parent sees it and as it sees itself agree only
+	// in one pid namespace.
+	fork := `r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(w, str(os.getpid()).encode()); os._exit(0)
+os.waitpid(child, 0)
+seen = int(os.read(r, 32)); os.close(r); os.close(w)
+print(child == seen, x)`
+	if r := session(t, m, id, sandbox.SessionPython, fork); r.stdout != "True 41\n" {
+		t.Fatalf("python after the failed checkpoint: %q %q, want its children in its own pid namespace and x = 41", r.stdout, r.stderr)
+	}
+
+	ck := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "python")
+	session(t, m, id, sandbox.SessionPython, `x = 0`)
+	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
+	if r := session(t, m, id, sandbox.SessionPython, fork); r.stdout != "True 41\n" {
+		t.Fatalf("python after the restore: %q %q", r.stdout, r.stderr)
 	}
 }
