@@ -54,7 +54,8 @@ type generation struct {
 	dead    bool
 	deadCh  chan struct{}
 	refs    int
-	socket  string // persisted: where its init waits for the next daemon (see persist)
+	stdio   []*stdio // held ahead for clones (see prehold)
+	socket  string   // persisted: where its init waits for the next daemon (see persist)
 	started string // persisted: its start time, which names it with its pid
 }
 
@@ -241,6 +242,7 @@ func (g *generation) release() {
 		return
 	}
 	g.kill()
+	g.dropStdio()
 	if g.pidfd >= 0 {
 		unix.Close(g.pidfd)
 		g.pidfd = -1

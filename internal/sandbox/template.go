@@ -361,9 +361,10 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	//    start only once it is taken.
 	capturedAt := make(chan struct{})
 	var once sync.Once
+	var capturedTime time.Time // set before capturedAt is closed
 	capDone := make(chan error, 1)
 	go func() {
-		capDone <- capture(ctx, func() { once.Do(func() { close(capturedAt) }) })
+		capDone <- capture(ctx, func() { once.Do(func() { capturedTime = time.Now(); close(capturedAt) }) })
 	}()
 	capErr := func() error { // waits for the instant of capture
 		select {
@@ -430,7 +431,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		ss.closePipes()
 	}
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
-		"clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
+		"capture_ms", ms(capturedTime.Sub(configured)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
 	// The templates' home; then, off the pause, the next checkpoint's
 	// generation, and the templates' generations outlive the daemon.
 	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
@@ -579,6 +580,10 @@ func (s *Sandbox) prepareNext() {
 			g.release()
 			return
 		}
+		s.mu.Lock()
+		n := len(s.sess)
+		s.mu.Unlock()
+		g.prehold(ctx, n)
 		s.giveBack(g, root)
 	}()
 }
@@ -751,38 +756,18 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	// Fresh stdio: the daemon keeps one end, next's init holds the other
 	// until the clone took it.
 	p := &proc{origin: t.origin, dead: next.deadCh}
-	var theirs [3]*os.File
+	tr.step("seize")
+	st, err := next.takeStdio(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.stdin, p.stdout, p.stderr = st.ours[0], st.ours[1], st.ours[2]
 	defer func() {
-		for _, f := range theirs {
-			if f != nil {
-				f.Close()
-			}
-		}
+		next.letGo(st)
 		if err != nil {
 			p.closeHostEnds()
 		}
 	}()
-	ours := [3]**os.File{&p.stdin, &p.stdout, &p.stderr}
-	for i := range theirs {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return nil, nil, err
-		}
-		if i == 0 { // the clone reads its stdin, writes the others
-			r, w = w, r
-		}
-		*ours[i], theirs[i] = r, w
-	}
-	tr.step("seize")
-	held, err := next.request(ctx, message{Op: opHold}, theirs[:]...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("hand over stdio: %w", err)
-	}
-	if len(held.Fds) != 3 {
-		return nil, nil, fmt.Errorf("hand over stdio: init holds %d fds", len(held.Fds))
-	}
-	defer func() { _ = next.c.Send(message{Op: opRelease, Fds: held.Fds}) }()
-
 	tr.step("hold")
 	ns, err := procfs.NSpids(next.hostPid)
 	if err != nil || len(ns) <= ts.g.level {
@@ -807,7 +792,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		if c, err = b.Clone(tp, unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid); err != nil {
 			return fmt.Errorf("template: clone: %w", err)
 		}
-		return enter(b, c, t, pfd, held.Fds, scratch)
+		return enter(b, c, t, pfd, st.fds, scratch)
 	})
 	if err != nil {
 		if c != nil {
@@ -1242,6 +1227,7 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	if err := s.rt.configureInit(ctx, s, g, p.target); err != nil {
 		return nil, err
 	}
+	g.prehold(ctx, len(ts.procs))
 	return p, nil
 }
 

@@ -340,6 +340,12 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 		// In place: on the fast path a new generation of the templates'
 		// clones; otherwise the same init, namespaces and cgroup on a new
 		// root.
+		// The record is written (and fsynced) while the sandbox switches:
+		// a crash in between finds it on the new layer, which holds the
+		// checkpoint's files, as if the restore had finished.
+		stored := make(chan error, 1)
+		next := *r
+		go func() { stored <- m.put(&next) }()
 		view, err := m.layers.Mounts(ctx, active.ID)
 		switch {
 		case err != nil:
@@ -349,13 +355,17 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 			err = sb.Reroot(ctx, view)
 		}
 		rerooted := time.Now()
+		perr := <-stored
+		m.log.Debug("restore", "sandbox", id, "templates", ts != nil, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)), "store_wait_ms", ms(time.Since(rerooted)))
 		if err == nil {
-			err = m.put(r)
+			err = perr
 		}
-		m.log.Debug("restore", "sandbox", id, "templates", ts != nil, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)), "store_ms", ms(time.Since(rerooted)))
 		if err != nil {
 			_ = m.layers.Remove(context.Background(), active.ID)
 			r.Layer, r.Head = oldLayer, oldHead
+			if perr == nil {
+				_ = m.put(r) // the record follows the sandbox back
+			}
 			if !sb.Alive() {
 				m.restart(r)
 			}
