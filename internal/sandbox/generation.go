@@ -56,7 +56,7 @@ type generation struct {
 	refs    int
 	stdio   []*stdio // held ahead for clones (see prehold)
 	socket  string   // persisted: where its init waits for the next daemon (see persist)
-	started string // persisted: its start time, which names it with its pid
+	started string   // persisted: its start time, which names it with its pid
 }
 
 // MaxPidNSLevel is the kernel's limit on pid namespace nesting
