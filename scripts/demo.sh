@@ -11,5 +11,5 @@ command -v go >/dev/null 2>&1 || export PATH=$PATH:/usr/local/go/bin
 export HOME=${HOME:-/root}
 
 scripts/setup.sh
-go build -o bin/deltabox ./cmd/deltabox
+go build -o bin/ ./cmd/deltabox ./cmd/deltabox-init
 exec bin/deltabox demo "$@"

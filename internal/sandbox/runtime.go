@@ -69,11 +69,13 @@ type Spec struct {
 
 // Runtime starts sandboxes. It is safe for concurrent use.
 type Runtime struct {
-	runDir   string // mount points and sockets, one directory per sandbox
-	exe      string // the binary to re-execute as init
-	seccomp  bool
-	cgParent string // cgroup parent directory, in every hierarchy
-	log      *slog.Logger
+	runDir     string // mount points and sockets, one directory per sandbox
+	exe        string // the binary inits start from (see resolveInit)
+	initBin    string // WithInitBinary
+	initBinSet bool
+	seccomp    bool
+	cgParent   string // cgroup parent directory, in every hierarchy
+	log        *slog.Logger
 
 	tracerOnce sync.Once
 	tracer     *inject.Tracer // the ptrace thread of every template operation
@@ -110,6 +112,7 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 	for _, o := range opts {
 		o(r)
 	}
+	r.resolveInit()
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}

@@ -128,6 +128,9 @@ func (s *Sandbox) Session(ctx context.Context, req SessionRequest) (ExecResult, 
 		return ExecResult{}, fmt.Errorf("session in %q: code contains a NUL byte: %w", s.id, errdefs.ErrInvalidArgument)
 	}
 	began := time.Now()
+	// The next checkpoint's generation, unless it is ready (a fork's
+	// sandbox gets it here, at its first call, not during the fork).
+	s.prepareNext()
 	ss, err := s.session(ctx, req.Kind)
 	if err != nil {
 		return ExecResult{}, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)

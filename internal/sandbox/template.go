@@ -1135,7 +1135,8 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 		_ = sb.Destroy(context.Background())
 		return nil, fmt.Errorf("fork into %q: %w", spec.ID, err)
 	}
-	sb.prepareNext()
+	// Its next checkpoint's generation is made at its first session call
+	// (see Session), not now: a fork of many would make as many more inits.
 	return sb, nil
 }
 

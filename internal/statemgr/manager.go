@@ -194,6 +194,9 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 	if opts.NoSeccomp {
 		rtOpts = append(rtOpts, sandbox.WithoutSeccomp())
 	}
+	if opts.InitBinary != "" {
+		rtOpts = append(rtOpts, sandbox.WithInitBinary(opts.InitBinary))
+	}
 	m.rt, err = sandbox.NewRuntime(filepath.Join(opts.Root, "run"), rtOpts...)
 	if err != nil {
 		return nil, err

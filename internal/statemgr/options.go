@@ -29,6 +29,9 @@ type Options struct {
 	// manager closes, for the next manager on the same Root to re-adopt
 	// (the daemon sets it). Otherwise Close kills them.
 	KeepTemplates bool
+	// InitBinary is the deltabox-init binary inits start from; "" looks for
+	// it beside the running executable (see sandbox.WithInitBinary).
+	InitBinary string
 	// NoSeccomp starts sandboxes without the seccomp filter (tests only).
 	NoSeccomp bool
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -482,4 +484,66 @@ print(child == seen, x)`
 	if r := session(t, m, id, sandbox.SessionPython, fork); r.stdout != "True 41\n" {
 		t.Fatalf("python after the restore: %q %q", r.stdout, r.stderr)
 	}
+}
+
+// TestGenerationsBootFromTheInitBinary runs a sandbox's generations from a
+// built deltabox-init: the first init, the spare the next checkpoint takes
+// (started by the live init re-executing itself), and a restore's and a
+// fork's, while templates keep working across them.
+func TestGenerationsBootFromTheInitBinary(t *testing.T) {
+	goBin := testutil.RequiresBinary(t, "go")
+	dir := t.TempDir()
+	// The sandbox's root (an unprivileged host uid) execs it.
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, sandbox.InitBinaryName)
+	build := exec.Command(goBin, "build", "-buildvcs=false", "-o", bin, "github.com/deltabox/deltabox/cmd/deltabox-init")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build deltabox-init: %v\n%s", err, out)
+	}
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { o.InitBinary = bin })
+	inits := func(id string) {
+		t.Helper()
+		pids, err := testutil.CgroupProcs(id)
+		if err != nil || len(pids) == 0 {
+			t.Fatalf("processes of %s: %v %v", id, pids, err)
+		}
+		seen := 0
+		for _, p := range pids {
+			exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", p))
+			if errors.Is(err, os.ErrNotExist) {
+				continue // a replaced generation on its way out
+			}
+			if err != nil || exe != bin {
+				t.Errorf("sandbox %s: init %d runs %q (%v), want %q", id, p, exe, err, bin)
+			}
+			seen++
+		}
+		if seen == 0 {
+			t.Errorf("sandbox %s: no init left to look at", id)
+		}
+	}
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `x = 7`)
+	ck := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "python")
+	inits(id)
+	session(t, m, id, sandbox.SessionPython, `x = 8`)
+	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
+	if r := session(t, m, id, sandbox.SessionPython, `print(x)`); r.stdout != "7\n" {
+		t.Fatalf("after restore: %q %q", r.stdout, r.stderr)
+	}
+	inits(id)
+	res, err := m.Fork(context.Background(), ck.ID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.DeleteSandbox(context.Background(), res.IDs[0], true) })
+	if r := session(t, m, res.IDs[0], sandbox.SessionPython, `print(x)`); r.stdout != "7\n" {
+		t.Fatalf("fork: %q %q", r.stdout, r.stderr)
+	}
+	inits(res.IDs[0])
 }
