@@ -321,10 +321,12 @@ func TestCheckpointWhileCommandRuns(t *testing.T) {
 	ctx := context.Background()
 	id := create(t, m, sandbox.Config{})
 	// A command that counts; the checkpoint freezes it for the instant of
-	// the capture, and it goes on afterwards (documented behaviour).
+	// the capture, and it goes on afterwards (documented behaviour). Each
+	// count replaces the file whole: a freeze between the truncation and
+	// the write of "echo > file" would capture an empty file, rightly.
 	done := make(chan sandbox.ExecResult, 1)
 	go func() {
-		r, _ := m.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"bash", "-c", "for i in $(seq 1 30); do echo $i > /work/count; sleep 0.05; done"}})
+		r, _ := m.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"bash", "-c", "for i in $(seq 1 30); do echo $i > /work/count.new; mv /work/count.new /work/count; sleep 0.05; done"}})
 		done <- r
 	}()
 	time.Sleep(300 * time.Millisecond)
