@@ -148,7 +148,7 @@ type Sandbox struct {
 	spareRoot string
 	// prepared are the generations of restores made ready (PrepareRoot),
 	// which run in the sandbox's cgroup but are no workload.
-	prepared map[*generation]bool
+	prepared map[*generation]*PreparedRoot
 	leaving  map[int]bool // host pids of a replaced generation being torn down
 	roots    int          // how many roots were mounted (each gets its own mount point)
 	sess     map[SessionKind]*session
@@ -246,7 +246,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		prepared: map[*generation]bool{}, leaving: map[int]bool{},
+		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{},
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {
@@ -491,6 +491,15 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.destroyed, s.spare, s.spareRoot = true, nil, ""
 	s.mu.Unlock()
 	s.bg.Wait() // a spare generation in the making
+	s.mu.Lock()
+	preps := make([]*PreparedRoot, 0, len(s.prepared))
+	for _, p := range s.prepared {
+		preps = append(preps, p)
+	}
+	s.mu.Unlock()
+	for _, p := range preps {
+		p.Release()
+	}
 	s.mu.Lock()
 	if s.spare != nil {
 		spare, s.spare = s.spare, nil

@@ -386,7 +386,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 
 	// 5. The clones, made but not started; then the instant of capture.
 	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt}
-	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s)
+	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s, nil)
 	if cerr == nil {
 		cerr = capErr()
 	} else {
@@ -520,8 +520,11 @@ func (s *Sandbox) initPids() map[int]bool {
 	if s.spare != nil {
 		out[s.spare.hostPid] = true
 	}
-	for g := range s.prepared {
+	for g, p := range s.prepared {
 		out[g.hostPid] = true
+		for _, pid := range p.pids {
+			out[pid] = true
+		}
 	}
 	for p := range s.leaving {
 		out[p] = true
@@ -696,7 +699,10 @@ func inspect(pid int, ss *session) (*template, string) {
 // of sb, and detaches everything: the templates stopped, the clones running.
 // seized are the templates, already attached (the checkpoint's own), or nil
 // to attach them here. It returns the new sessions.
-func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *generation, sb *Sandbox) (map[SessionKind]*session, []*inject.Proc, error) {
+//
+// cgs are the session cgroups the clones go to, by name, guarded by sb.mu:
+// one missing is made (nil: the sandbox's own, sb.children).
+func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *generation, sb *Sandbox, cgs map[string]cgroup.Cgroup) (map[SessionKind]*session, []*inject.Proc, error) {
 	out := map[SessionKind]*session{}
 	var clones []*inject.Proc
 	var errs []error
@@ -705,7 +711,7 @@ func (ts *Templates) cloneAll(ctx context.Context, seized []*inject.Proc, next *
 		if seized != nil {
 			p = seized[i]
 		}
-		ss, c, err := ts.clone(ctx, t, p, next, sb)
+		ss, c, err := ts.clone(ctx, t, p, next, sb, cgs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s session: %w", t.kind, err))
 			continue
@@ -734,7 +740,7 @@ func start(log *slog.Logger, clones []*inject.Proc) {
 // The clone is returned stopped, attached: Detach(false) starts it. A
 // template tp the caller seized stays attached; one clone seizes itself is
 // left in group-stop again.
-func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox) (_ *session, c *inject.Proc, err error) {
+func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox, cgs map[string]cgroup.Cgroup) (_ *session, c *inject.Proc, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tr := newTrace(ctx)
@@ -811,12 +817,15 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	// or fork makes a new one (the old generation's may still be on its
 	// way out).
 	sb.mu.Lock()
-	cg, ok := sb.children["session-"+t.kind.String()]
+	if cgs == nil {
+		cgs = sb.children
+	}
+	cg, ok := cgs["session-"+t.kind.String()]
 	if !ok {
 		sb.roots++ // a unique name
 		name := "session-" + t.kind.String() + "." + strconv.Itoa(sb.roots)
 		if cg, err = sb.cg.Child(name); err == nil {
-			sb.children["session-"+t.kind.String()] = cg
+			cgs["session-"+t.kind.String()] = cg
 		}
 	}
 	sb.mu.Unlock()
@@ -1049,8 +1058,27 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	s.spare = nil
 	s.mu.Unlock()
 	tr.step("switch")
-	fresh, clones, cerr := ts.cloneAll(ctx, nil, next, s)
-	start(s.log, clones)
+	var fresh map[SessionKind]*session
+	var cerr error
+	if prepared && prep.clonesReady() {
+		// Made ahead: they only have to run.
+		fresh = prep.sessions
+		s.mu.Lock()
+		s.children = prep.cgs
+		s.mu.Unlock()
+		for _, pid := range prep.pids {
+			if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+				cerr = errors.Join(cerr, fmt.Errorf("start clone %d: %w", pid, err))
+			}
+		}
+	} else {
+		if prepared {
+			prep.dropClones()
+		}
+		var clones []*inject.Proc
+		fresh, clones, cerr = ts.cloneAll(ctx, nil, next, s, nil)
+		start(s.log, clones)
+	}
 	tr.step("clones")
 	// The old generation and its processes go afterwards, in the
 	// background (tearing a process down competes for the CPU with the
@@ -1124,7 +1152,7 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 	}
 	sb.switchMu.Lock()
 	defer sb.switchMu.Unlock()
-	fresh, clones, err := ts.cloneAll(ctx, nil, sb.cur(), sb)
+	fresh, clones, err := ts.cloneAll(ctx, nil, sb.cur(), sb, nil)
 	start(sb.log, clones)
 	sb.mu.Lock()
 	for k, ss := range fresh {
@@ -1179,14 +1207,21 @@ func (s *Sandbox) detachRoot(old string) {
 
 // PreparedRoot is a restore made ready ahead of time, off the critical path:
 // a child generation of a checkpoint's templates, in the sandbox's cgroup,
-// already set up on a root mounted from a writable branch of the
-// checkpoint. RestoreTemplates then only clones. The caller releases it if
-// it goes unused.
+// set up on a root mounted from a writable branch of the checkpoint, with
+// the templates' clones made in it and left stopped. RestoreTemplates then
+// only switches to it and lets the clones run. The caller releases it if it
+// goes unused.
 type PreparedRoot struct {
 	ts     *Templates
 	sb     *Sandbox
 	g      *generation
 	target string
+	// The clones, in group-stop (a restore sends them SIGCONT), in session
+	// cgroups of their own; none when they could not be made (a restore
+	// then clones).
+	sessions map[SessionKind]*session
+	pids     []int // their host pids, guarded by sb.mu
+	cgs      map[string]cgroup.Cgroup
 
 	mu   sync.Mutex // guards used
 	used bool
@@ -1195,8 +1230,8 @@ type PreparedRoot struct {
 // PrepareRoot prepares a restore of the sandbox to ts on view (see
 // PreparedRoot).
 func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.View) (_ *PreparedRoot, err error) {
-	// Until it is registered, its init would look like a workload process
-	// to a checkpoint (see prepareNext).
+	// Until it is registered, its init and clones would look like workload
+	// processes to a checkpoint (see prepareNext).
 	s.switchMu.RLock()
 	defer s.switchMu.RUnlock()
 	if !ts.use() {
@@ -1215,7 +1250,7 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	}
 	p := &PreparedRoot{ts: ts, g: g, sb: s}
 	s.mu.Lock()
-	s.prepared[g] = true
+	s.prepared[g] = p
 	s.mu.Unlock()
 	defer func() {
 		if err != nil {
@@ -1229,7 +1264,71 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 		return nil, err
 	}
 	g.prehold(ctx, len(ts.procs))
+	p.prepareClones(ctx)
 	return p, nil
+}
+
+// prepareClones makes the templates' clones in p's generation and leaves
+// them stopped. On failure there are none: the restore clones then.
+func (p *PreparedRoot) prepareClones(ctx context.Context) {
+	cgs := map[string]cgroup.Cgroup{}
+	sessions, clones, err := p.ts.cloneAll(ctx, nil, p.g, p.sb, cgs)
+	var pids []int
+	for _, c := range clones {
+		pids = append(pids, c.Pid())
+		if derr := c.Detach(true); derr != nil && err == nil {
+			err = derr
+		}
+	}
+	p.sb.mu.Lock()
+	p.pids, p.cgs = pids, cgs
+	if err == nil {
+		p.sessions = sessions
+	}
+	p.sb.mu.Unlock()
+	if err != nil {
+		p.sb.log.Debug("prepare a restore: clones not made ahead", "err", err)
+		for _, ss := range sessions {
+			ss.closePipes()
+		}
+		p.dropClones()
+	}
+}
+
+// dropClones kills the clones made ahead (their session cgroups go with
+// them).
+func (p *PreparedRoot) dropClones() {
+	p.sb.mu.Lock()
+	cgs, sessions := p.cgs, p.sessions
+	p.cgs, p.sessions = nil, nil
+	p.sb.mu.Unlock()
+	for _, ss := range sessions {
+		ss.closePipes()
+	}
+	for _, cg := range cgs {
+		_ = cg.Delete(context.Background())
+	}
+	// Only once they are gone do they stop counting as ours (a checkpoint
+	// would take them for workload).
+	p.sb.mu.Lock()
+	p.pids = nil
+	p.sb.mu.Unlock()
+}
+
+// clonesReady reports whether every clone made ahead is still there,
+// stopped.
+func (p *PreparedRoot) clonesReady() bool {
+	p.sb.mu.Lock()
+	defer p.sb.mu.Unlock()
+	if p.sessions == nil || len(p.pids) != len(p.ts.procs) {
+		return false
+	}
+	for _, pid := range p.pids {
+		if procfs.State(pid) != "T" {
+			return false
+		}
+	}
+	return true
 }
 
 // take hands the prepared generation and root to a restore of ts; false
@@ -1263,6 +1362,7 @@ func (p *PreparedRoot) Release() {
 	if used {
 		return
 	}
+	p.dropClones()
 	if p.target != "" {
 		_ = unix.Unmount(p.target, unix.MNT_DETACH)
 		_ = os.Remove(p.target)

@@ -300,7 +300,12 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 		return daemon.RestoreResult{}, err
 	}
 	unlock := m.opLock(id)
-	defer unlock()
+	handedOff := false // the record's write holds the lock (see below)
+	defer func() {
+		if !handedOff {
+			unlock()
+		}
+	}()
 	r, err := m.get(id)
 	if err != nil {
 		return daemon.RestoreResult{}, err
@@ -355,8 +360,40 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 			err = sb.Reroot(ctx, view)
 		}
 		rerooted := time.Now()
+		m.log.Debug("restore", "sandbox", id, "templates", ts != nil, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)))
+		if err == nil && ts != nil {
+			// The sandbox runs the checkpoint's processes: that is the
+			// restore. Its record reaches the disk right after, in the
+			// background like a checkpoint's durability; until then the
+			// sandbox's next operation waits (the op lock stays held), so
+			// nothing is ever ordered after an unwritten restore. A
+			// daemon crash in between brings the sandbox back on its old
+			// layer, whole.
+			res := daemon.RestoreResult{RestoreMs: msSince(began)}
+			for _, k := range ts.Kinds() {
+				ps := daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate}
+				if !slices.Contains(cloned, k) {
+					ps.Path, ps.Reason = daemon.PathNone, "its clone failed; a fresh session starts"
+				}
+				res.Processes = append(res.Processes, ps)
+			}
+			m.makeSpare(id, ckID, ck.Layer)
+			handedOff = true
+			m.bg.Add(1)
+			go func() {
+				defer m.bg.Done()
+				defer unlock()
+				if err := <-stored; err != nil {
+					if err = m.put(&next); err != nil {
+						m.log.Error("restore: the sandbox's record could not be written: a daemon restart would bring it back to its old layer", "sandbox", id, "layer", oldLayer, "err", err)
+						return
+					}
+				}
+				m.removeLater(sb, oldLayer)
+			}()
+			return res, nil
+		}
 		perr := <-stored
-		m.log.Debug("restore", "sandbox", id, "templates", ts != nil, "branch_ms", ms(branched.Sub(began)), "reroot_ms", ms(rerooted.Sub(branched)), "store_wait_ms", ms(time.Since(rerooted)))
 		if err == nil {
 			err = perr
 		}
@@ -370,19 +407,6 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 				m.restart(r)
 			}
 			return daemon.RestoreResult{}, fmt.Errorf("restore sandbox %q to %q: %w", id, ckID, err)
-		}
-		if ts != nil {
-			res := daemon.RestoreResult{RestoreMs: msSince(began)}
-			for _, k := range ts.Kinds() {
-				ps := daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate}
-				if !slices.Contains(cloned, k) {
-					ps.Path, ps.Reason = daemon.PathNone, "its clone failed; a fresh session starts"
-				}
-				res.Processes = append(res.Processes, ps)
-			}
-			m.makeSpare(id, ckID, ck.Layer)
-			m.removeLater(sb, oldLayer)
-			return res, nil
 		}
 	} else {
 		// Stopped: start it on the new layer.

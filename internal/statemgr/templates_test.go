@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/layer"
@@ -560,4 +561,71 @@ func TestGenerationsBootFromTheInitBinary(t *testing.T) {
 		t.Fatalf("fork: %q %q", r.stdout, r.stderr)
 	}
 	inits(res.IDs[0])
+}
+
+// stoppedInSessionCgroups returns the processes in group-stop in the
+// session cgroups of sandbox id: the clones a prepared restore made ahead.
+func stoppedInSessionCgroups(t *testing.T, id string) []int {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-*"))
+	if len(dirs) == 0 {
+		dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-*"))
+	}
+	var out []int
+	for _, d := range dirs {
+		pids, err := testutil.CgroupProcs(id + "/" + filepath.Base(d))
+		if err != nil {
+			continue
+		}
+		for _, p := range pids {
+			if testutil.ProcState(p) == "T" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// TestPreparedRestoreClonesMadeAhead checks that a rollback to the head
+// checkpoint finds its clones made ahead, stopped, and that a restore whose
+// clone made ahead was killed meanwhile clones on the spot, exactly.
+func TestPreparedRestoreClonesMadeAhead(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `x = [1, 2, 3]`)
+	ck := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "python")
+	session(t, m, id, sandbox.SessionPython, `x = None`)
+	// The restore to the head is prepared in the background.
+	var ahead []int
+	for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		ahead = stoppedInSessionCgroups(t, id)
+	}
+	if len(ahead) != 1 {
+		t.Fatalf("clones made ahead for the rollback: %v, want one stopped python", ahead)
+	}
+	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
+	if r := session(t, m, id, sandbox.SessionPython, `import os; print(x, os.getpid())`); !strings.HasPrefix(r.stdout, "[1, 2, 3] ") {
+		t.Fatalf("after the prepared restore: %q %q", r.stdout, r.stderr)
+	}
+	if st := testutil.ProcState(ahead[0]); st == "T" || st == "" {
+		t.Errorf("the clone made ahead is %q after the restore, want running", st)
+	}
+
+	// Killed while it waits: the restore clones again.
+	session(t, m, id, sandbox.SessionPython, `x = None`)
+	ahead = nil
+	for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		ahead = stoppedInSessionCgroups(t, id)
+	}
+	if len(ahead) != 1 {
+		t.Fatalf("clones made ahead for the second rollback: %v", ahead)
+	}
+	if err := syscall.Kill(ahead[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
+	if r := session(t, m, id, sandbox.SessionPython, `print(x)`); r.stdout != "[1, 2, 3]\n" {
+		t.Fatalf("after the restore whose clone made ahead was killed: %q %q", r.stdout, r.stderr)
+	}
 }
