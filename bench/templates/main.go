@@ -41,8 +41,19 @@ func main() {
 	runs := flag.Int("runs", 10, "checkpoints and restores per heap")
 	forks := flag.Int("forks", 64, "forks of one checkpoint")
 	think := flag.Duration("think", 300*time.Millisecond, "pause between an agent's steps (an LLM call takes seconds): the daemon prepares the next generation meanwhile")
+	warmHeap := flag.Int("warm-heap", 200, "heap of the async-warm comparison, in MiB (0: skip it)")
 	flag.Parse()
-	if err := run(*heaps, *runs, *forks, *think); err != nil {
+	err := run(*heaps, *runs, *forks, *think)
+	if err == nil && *warmHeap > 0 {
+		root, rerr := os.MkdirTemp("", "deltabox-bench-")
+		if err = rerr; err == nil {
+			defer os.RemoveAll(root)
+			// A rollback after a longer think than the other steps: the
+			// warm copies the heap while the agent thinks.
+			err = warmCompare(context.Background(), root, *warmHeap, *runs, 3**think)
+		}
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

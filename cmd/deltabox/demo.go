@@ -299,7 +299,7 @@ func demoDaemon(ctx context.Context, cfg demoConfig) (c *deltabox.Client, where 
 	}()
 	cleanup = append(cleanup, func() error { return os.RemoveAll(root) })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: cfg.CgroupParent, Logger: log})
+	m, err := statemgr.New(ctx, statemgr.Options{Root: root, CgroupParent: cfg.CgroupParent, Logger: log, WarmRestores: statemgr.DefaultWarmRestores})
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("demo: start the daemon: %w", err)
 	}

@@ -20,7 +20,7 @@ func (a *app) serveCmd() *cobra.Command {
 		root, storage, listen, logLevel string
 		warmPool                        int
 		keepTemplates                   bool
-		templateBudgetMiB               int64
+		templateBudgetMiB, warmMiB      int64
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -54,7 +54,7 @@ token. SIGINT or SIGTERM stop it gracefully.`,
 			if err := daemon.ProbeSocket(a.socket); err != nil {
 				return err
 			}
-			backend, closer, err := newBackend(ctx, statemgr.Options{Root: root, Storage: storage, Logger: log, WarmPool: warmPool, KeepTemplates: keepTemplates, TemplateBudget: templateBudgetMiB << 20})
+			backend, closer, err := newBackend(ctx, statemgr.Options{Root: root, Storage: storage, Logger: log, WarmPool: warmPool, KeepTemplates: keepTemplates, TemplateBudget: templateBudgetMiB << 20, WarmRestores: warmMiB << 20})
 			if err != nil {
 				return fmt.Errorf("start: %w", err)
 			}
@@ -80,6 +80,7 @@ token. SIGINT or SIGTERM stop it gracefully.`,
 	f.StringVar(&listen, "listen", "", "also serve on this TCP address (needs --token)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.IntVar(&warmPool, "warm-pool", 2, "prepared sandboxes kept ready so that a create skips the process start (0: none)")
+	f.Int64Var(&warmMiB, "warm-restores-mib", statemgr.DefaultWarmRestores>>20, "memory a rollback made ready ahead pre-faults for writing, in MiB: what its templates wrote, so that the first step after the rollback takes no copy-on-write faults (0: off; bench/templates measures it)")
 	f.Int64Var(&templateBudgetMiB, "template-budget-mib", 0, "private memory checkpoints' process templates may hold, in MiB; the least recently used are evicted past it (0: 25% of RAM)")
 	f.BoolVar(&keepTemplates, "keep-templates", true, "leave checkpoints' process templates running when the daemon stops, for the next daemon to re-adopt")
 	return cmd

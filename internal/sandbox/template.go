@@ -1273,6 +1273,9 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 func (p *PreparedRoot) prepareClones(ctx context.Context) {
 	cgs := map[string]cgroup.Cgroup{}
 	sessions, clones, err := p.ts.cloneAll(ctx, nil, p.g, p.sb, cgs)
+	if err == nil && p.sb.rt.warm > 0 {
+		p.warm(clones)
+	}
 	var pids []int
 	for _, c := range clones {
 		pids = append(pids, c.Pid())
@@ -1292,6 +1295,39 @@ func (p *PreparedRoot) prepareClones(ctx context.Context) {
 			ss.closePipes()
 		}
 		p.dropClones()
+	}
+}
+
+// warm pre-faults, for writing, the memory each clone's template wrote (see
+// WithWarm), while the clones wait stopped: the async warm of
+// ../shared/design/fork-templates.md, off the critical path. The budget is
+// shared by the clones, in template order. Best effort: a clone that cannot
+// be warmed just takes its faults later.
+func (p *PreparedRoot) warm(clones []*inject.Proc) {
+	budget := p.sb.rt.warm
+	for i, c := range clones {
+		if budget <= 0 || i >= len(p.ts.procs) {
+			return
+		}
+		ranges, err := procfs.Touched(p.ts.procs[i].pid, 64<<10, budget)
+		if err != nil {
+			p.sb.log.Debug("warm: read the template's pages", "err", err)
+			continue
+		}
+		err = c.Batch(func(b *inject.Batch) error {
+			var errs []error
+			for _, r := range ranges {
+				if _, err := b.Syscall(c, unix.SYS_MADVISE, r.Start, r.End-r.Start, unix.MADV_POPULATE_WRITE); err != nil {
+					errs = append(errs, fmt.Errorf("%#x-%#x: %w", r.Start, r.End, err))
+					continue
+				}
+				budget -= int64(r.End - r.Start)
+			}
+			return errors.Join(errs...)
+		})
+		if err != nil {
+			p.sb.log.Debug("warm: pre-fault the clone's pages", "err", err)
+		}
 	}
 }
 

@@ -194,6 +194,9 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 	if opts.NoSeccomp {
 		rtOpts = append(rtOpts, sandbox.WithoutSeccomp())
 	}
+	if opts.WarmRestores > 0 {
+		rtOpts = append(rtOpts, sandbox.WithWarm(opts.WarmRestores))
+	}
 	if opts.InitBinary != "" {
 		rtOpts = append(rtOpts, sandbox.WithInitBinary(opts.InitBinary))
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/layer/btrfs"
+	"github.com/deltabox/deltabox/internal/procfs"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
 	"github.com/deltabox/deltabox/internal/testutil"
@@ -627,5 +628,57 @@ func TestPreparedRestoreClonesMadeAhead(t *testing.T) {
 	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
 	if r := session(t, m, id, sandbox.SessionPython, `print(x)`); r.stdout != "[1, 2, 3]\n" {
 		t.Fatalf("after the restore whose clone made ahead was killed: %q %q", r.stdout, r.stderr)
+	}
+}
+
+// TestWarmRestoresPreFaultTheHeap checks the async warm: with it, the
+// clone a prepared restore makes ahead no longer shares the memory its
+// template wrote (its first writes after the restore take no copy-on-write
+// fault); without it, it shares nearly all of it. Both restore exactly.
+func TestWarmRestoresPreFaultTheHeap(t *testing.T) {
+	exclusive := func(t *testing.T, pid int) int64 {
+		t.Helper()
+		rs, err := procfs.Exclusive(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, r := range rs {
+			n += int64(r.End - r.Start)
+		}
+		return n
+	}
+	const heap = 32 << 20
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			m := sandboxtest.NewManager(t, func(o *statemgr.Options) {
+				if warm {
+					o.WarmRestores = 256 << 20
+				}
+			})
+			id := create(t, m, sandbox.Config{})
+			session(t, m, id, sandbox.SessionPython, fmt.Sprintf("big = bytearray(b'x' * %d)", heap))
+			ck := checkpoint(t, m, id, "")
+			wantTemplates(t, "checkpoint", ck.Processes, "python")
+			session(t, m, id, sandbox.SessionPython, `big = None`)
+			var ahead []int
+			for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				ahead = stoppedInSessionCgroups(t, id)
+			}
+			if len(ahead) != 1 {
+				t.Fatalf("clones made ahead: %v", ahead)
+			}
+			got := exclusive(t, ahead[0])
+			if warm && got < heap {
+				t.Errorf("warm: the clone made ahead owns %d bytes of its own, want at least the %d its template wrote", got, heap)
+			}
+			if !warm && got >= heap/2 {
+				t.Errorf("not warm: the clone made ahead owns %d bytes already, want nearly all shared", got)
+			}
+			wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
+			if r := session(t, m, id, sandbox.SessionPython, `print(len(big), big.count(b'x'))`); r.stdout != fmt.Sprintf("%d %d\n", heap, heap) {
+				t.Fatalf("after the restore: %q %q", r.stdout, r.stderr)
+			}
+		})
 	}
 }

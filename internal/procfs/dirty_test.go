@@ -1,0 +1,90 @@
+//go:build linux
+
+package procfs_test
+
+import (
+	"bufio"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/deltabox/deltabox/internal/procfs"
+	"github.com/deltabox/deltabox/internal/testutil"
+)
+
+// TestTouched has a python process write some pages of a fresh anonymous
+// mapping and finds exactly those, merged by the gap and cut at the cap.
+func TestTouched(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresBinary(t, "python3")
+	testutil.CheckLeaks(t)
+	cmd := exec.Command("python3", "-u", "-c", `import mmap, sys, ctypes
+m = mmap.mmap(-1, 64 << 12, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for i in (3, 4, 5, 40, 42): m[i << 12] = 1
+print(ctypes.addressof(ctypes.c_char.from_buffer(m)), flush=True)
+sys.stdin.readline()`)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(out)
+	lines.Scan()
+	base, err := strconv.ParseUint(strings.TrimSpace(lines.Text()), 10, 64)
+	if err != nil {
+		t.Fatalf("python said %q", lines.Text())
+	}
+	pages := func(gap uintptr, max int64) []procfs.Range {
+		got, err := procfs.Touched(cmd.Process.Pid, gap, max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var in []procfs.Range
+		for _, r := range got {
+			if r.Start >= uintptr(base) && r.End <= uintptr(base)+64<<12 {
+				in = append(in, procfs.Range{Start: (r.Start - uintptr(base)) >> 12, End: (r.End - uintptr(base)) >> 12})
+			}
+		}
+		return in
+	}
+	eq := func(a, b []procfs.Range) bool {
+		if len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if a[i] != b[i] {
+				return false
+			}
+		}
+		return true
+	}
+	if got, want := pages(0, 1<<40), []procfs.Range{{3, 6}, {40, 41}, {42, 43}}; !eq(got, want) {
+		t.Errorf("touched pages (page numbers) %v, want %v", got, want)
+	}
+	if got, want := pages(2<<12, 1<<40), []procfs.Range{{3, 6}, {40, 43}}; !eq(got, want) {
+		t.Errorf("with a two-page gap %v, want %v", got, want)
+	}
+	// Python's own heap may come first in the address space: cap from the
+	// buffer's first page on, through the gap to it.
+	if got := pages(0, 1<<40); len(got) > 0 {
+		if all, _ := procfs.Touched(cmd.Process.Pid, 0, 1<<40); len(all) > 0 {
+			var before int64
+			for _, r := range all {
+				if r.Start >= uintptr(base) {
+					break
+				}
+				before += int64(r.End - r.Start)
+			}
+			if got, want := pages(0, before+2<<12), []procfs.Range{{3, 5}}; !eq(got, want) {
+				t.Errorf("capped at two pages of the buffer %v, want %v", got, want)
+			}
+		}
+	}
+	// Exclusive: none of them is shared with another process.
+	ex, err := procfs.Exclusive(cmd.Process.Pid)
+	if err != nil || len(ex) == 0 {
+		t.Errorf("Exclusive = %v, %v: want python's own pages", ex, err)
+	}
+}
