@@ -174,7 +174,7 @@ func (r *Runtime) AdoptTemplates(ctx context.Context, rec TemplatesRecord) (_ *T
 	if err != nil {
 		return nil, fmt.Errorf("adopt templates: %w", err)
 	}
-	ts := &Templates{g: gens[0], cg: cg, tracer: r.tracerThread(), rt: r}
+	ts := &Templates{g: gens[0], cg: cg, tracer: r.tracerThread(), rt: r, quit: make(chan struct{})}
 	for _, p := range rec.Procs {
 		ts.procs = append(ts.procs, &template{
 			pid: p.Pid, start: p.Start, kind: p.Kind, origin: gens[p.Origin], cwd: p.Cwd, fds: p.FDs,

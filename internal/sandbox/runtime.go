@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -74,6 +75,9 @@ type Runtime struct {
 	initBin    string // WithInitBinary
 	initBinSet bool
 	warm       int64 // WithWarm
+	// background bounds the spare generations booted ahead at once (see
+	// backgroundSlot).
+	background chan struct{}
 	seccomp    bool
 	cgParent   string // cgroup parent directory, in every hierarchy
 	log        *slog.Logger
@@ -95,6 +99,20 @@ type RuntimeOpt func(*Runtime)
 // WithoutSeccomp starts sandboxes without the seccomp filter (tests of the
 // filter's interaction only).
 func WithoutSeccomp() RuntimeOpt { return func(r *Runtime) { r.seccomp = false } }
+
+// backgroundSlot waits for a turn to boot a generation ahead of time and
+// returns its release. Booting an init costs milliseconds of CPU: after a
+// fork of many, each new sandbox wants its spare, and booting them all at
+// once would starve the sandboxes' own first steps.
+// It returns false, with nothing to release, once quit is closed.
+func (r *Runtime) backgroundSlot(quit <-chan struct{}) (func(), bool) {
+	select {
+	case r.background <- struct{}{}:
+		return func() { <-r.background }, true
+	case <-quit:
+		return nil, false
+	}
+}
 
 // WithWarm has restores made ready ahead pre-fault, for writing, up to
 // max bytes of the memory their templates wrote (0: off): the clones made
@@ -121,6 +139,7 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 		o(r)
 	}
 	r.resolveInit()
+	r.background = make(chan struct{}, max(1, runtime.NumCPU()/2))
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
@@ -163,7 +182,8 @@ type Sandbox struct {
 	children map[string]cgroup.Cgroup // child cgroups of commands and sessions
 	replay   map[SessionKind]string   // session state to replay before the session's next call
 
-	bg sync.WaitGroup // background work (old roots being detached) Destroy waits for
+	bg   sync.WaitGroup // background work (old roots being detached) Destroy waits for
+	quit chan struct{}  // closed by Destroy: background work still queued gives up
 
 	// switchMu is held for writing while the live generation is replaced
 	// (a checkpoint's or restore's template path), for reading while a
@@ -254,7 +274,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{},
+		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{}, quit: make(chan struct{}),
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {
@@ -497,6 +517,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	g, done, spare := s.g, s.destroyed, s.spare
 	s.destroyed, s.spare, s.spareRoot = true, nil, ""
+	if !done {
+		close(s.quit)
+	}
 	s.mu.Unlock()
 	s.bg.Wait() // a spare generation in the making
 	s.mu.Lock()

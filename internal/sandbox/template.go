@@ -48,6 +48,7 @@ type Templates struct {
 	// for its root: a restore or fork takes it instead of booting an init.
 	spare *generation
 	bg    sync.WaitGroup // the making of spares
+	quit  chan struct{}  // closed by Release: a spare still queued gives up
 	users sync.WaitGroup // restores, forks and preparations using them (see use)
 }
 
@@ -98,6 +99,11 @@ func (ts *Templates) refill() {
 	ts.mu.Unlock()
 	go func() {
 		defer ts.bg.Done()
+		release, ok := ts.rt.backgroundSlot(ts.quit)
+		if !ok {
+			return
+		}
+		defer release()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
@@ -385,7 +391,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 
 	// 5. The clones, made but not started; then the instant of capture.
-	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt}
+	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
 	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s, nil)
 	if cerr == nil {
 		cerr = capErr()
@@ -550,6 +556,12 @@ func (s *Sandbox) prepareNext() {
 		// A checkpoint waits for a spare in the making: until it is
 		// registered, its init would look like a workload process. Under
 		// the lock, the live generation and root cannot change meanwhile.
+		// The slot first: a checkpoint must not wait behind the queue.
+		release, ok := s.rt.backgroundSlot(s.quit)
+		if !ok {
+			return
+		}
+		defer release()
 		s.switchMu.RLock()
 		defer s.switchMu.RUnlock()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -974,6 +986,7 @@ func (ts *Templates) Release() {
 	if done {
 		return
 	}
+	close(ts.quit)
 	ts.users.Wait() // restores and forks that pinned them
 	ts.bg.Wait()
 	ts.mu.Lock()
