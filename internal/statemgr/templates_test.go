@@ -564,27 +564,30 @@ func TestGenerationsBootFromTheInitBinary(t *testing.T) {
 	inits(res.IDs[0])
 }
 
-// stoppedInSessionCgroups returns the processes in group-stop in the
-// session cgroups of sandbox id: the clones a prepared restore made ahead.
-func stoppedInSessionCgroups(t *testing.T, id string) []int {
+// cloneMadeAhead waits (a guard against hangs, nothing is timed) for the one
+// process in group-stop in the session cgroups of sandbox id: the clone a
+// prepared rollback made ahead of time, in the background.
+func cloneMadeAhead(t *testing.T, id string) int {
 	t.Helper()
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-*"))
-	if len(dirs) == 0 {
-		dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-*"))
-	}
-	var out []int
-	for _, d := range dirs {
-		pids, err := testutil.CgroupProcs(id + "/" + filepath.Base(d))
-		if err != nil {
-			continue
+	var stopped []int
+	for deadline := time.Now().Add(30 * time.Second); len(stopped) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-*"))
+		if len(dirs) == 0 {
+			dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-*"))
 		}
-		for _, p := range pids {
-			if testutil.ProcState(p) == "T" {
-				out = append(out, p)
+		for _, d := range dirs {
+			pids, _ := testutil.CgroupProcs(id + "/" + filepath.Base(d))
+			for _, p := range pids {
+				if testutil.ProcState(p) == "T" {
+					stopped = append(stopped, p)
+				}
 			}
 		}
 	}
-	return out
+	if len(stopped) != 1 {
+		t.Fatalf("clones made ahead for the rollback of %s: %v, want one stopped session", id, stopped)
+	}
+	return stopped[0]
 }
 
 // TestPreparedRestoreClonesMadeAhead checks that a rollback to the head
@@ -597,32 +600,18 @@ func TestPreparedRestoreClonesMadeAhead(t *testing.T) {
 	ck := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck.Processes, "python")
 	session(t, m, id, sandbox.SessionPython, `x = None`)
-	// The restore to the head is prepared in the background.
-	var ahead []int
-	for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		ahead = stoppedInSessionCgroups(t, id)
-	}
-	if len(ahead) != 1 {
-		t.Fatalf("clones made ahead for the rollback: %v, want one stopped python", ahead)
-	}
+	ahead := cloneMadeAhead(t, id)
 	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
 	if r := session(t, m, id, sandbox.SessionPython, `import os; print(x, os.getpid())`); !strings.HasPrefix(r.stdout, "[1, 2, 3] ") {
 		t.Fatalf("after the prepared restore: %q %q", r.stdout, r.stderr)
 	}
-	if st := testutil.ProcState(ahead[0]); st == "T" || st == "" {
+	if st := testutil.ProcState(ahead); st == "T" || st == "" {
 		t.Errorf("the clone made ahead is %q after the restore, want running", st)
 	}
 
 	// Killed while it waits: the restore clones again.
 	session(t, m, id, sandbox.SessionPython, `x = None`)
-	ahead = nil
-	for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		ahead = stoppedInSessionCgroups(t, id)
-	}
-	if len(ahead) != 1 {
-		t.Fatalf("clones made ahead for the second rollback: %v", ahead)
-	}
-	if err := syscall.Kill(ahead[0], syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(cloneMadeAhead(t, id), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
@@ -661,14 +650,7 @@ func TestWarmRestoresPreFaultTheHeap(t *testing.T) {
 			ck := checkpoint(t, m, id, "")
 			wantTemplates(t, "checkpoint", ck.Processes, "python")
 			session(t, m, id, sandbox.SessionPython, `big = None`)
-			var ahead []int
-			for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-				ahead = stoppedInSessionCgroups(t, id)
-			}
-			if len(ahead) != 1 {
-				t.Fatalf("clones made ahead: %v", ahead)
-			}
-			got := exclusive(t, ahead[0])
+			got := exclusive(t, cloneMadeAhead(t, id))
 			if warm && got < heap {
 				t.Errorf("warm: the clone made ahead owns %d bytes of its own, want at least the %d its template wrote", got, heap)
 			}
