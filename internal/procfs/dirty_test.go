@@ -88,3 +88,19 @@ sys.stdin.readline()`)
 		t.Errorf("Exclusive = %v, %v: want python's own pages", ex, err)
 	}
 }
+
+func TestExiting(t *testing.T) {
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	if procfs.Exiting(pid) {
+		t.Errorf("Exiting(a sleeping process) = true")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if !procfs.Exiting(pid) {
+		t.Errorf("Exiting(a reaped process) = false")
+	}
+}

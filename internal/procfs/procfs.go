@@ -78,3 +78,16 @@ func Cmdline(pid int) string {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }
+
+// Exiting reports whether the process is gone or on its way out (the
+// kernel's PF_EXITING): it runs no user code any more.
+func Exiting(pid int) bool {
+	f, err := stat(pid)
+	if err != nil || len(f) < 7 {
+		return true
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfExiting != 0
+}
+
+const pfExiting = 0x4 // PF_EXITING, include/linux/sched.h

@@ -285,8 +285,8 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	inits := s.initPids()
 	for _, pid := range hostPids {
-		if !inits[pid] && byPid[pid] == nil {
-			reasons = append(reasons, fmt.Sprintf("process %d (%s): not an idle session", pid, procfs.Cmdline(pid)))
+		if !inits[pid] && byPid[pid] == nil && !procfs.Exiting(pid) {
+			reasons = append(reasons, fmt.Sprintf("process %d (%s, state %s): not an idle session", pid, procfs.Cmdline(pid), procfs.State(pid)))
 		}
 	}
 	if len(reasons) > 0 {
@@ -315,21 +315,49 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			_ = p.Detach(false) // they go on as they were
 		}
 	}()
+	// A look before anything stops, so that a sandbox that is not eligible
+	// costs no capture: the look that counts is the one below, stopped.
+	for pid, ss := range byPid {
+		if _, why := inspect(pid, ss); why != "" {
+			return nil, &IneligibleError{Reasons: []string{fmt.Sprintf("%s session (pid %d): %s", ss.kind, pid, why)}}
+		}
+	}
 	began := time.Now()
-	tpls := make([]*template, 0, len(byPid))
+	order := make([]*session, 0, len(byPid))
 	for pid, ss := range byPid {
 		p, err := tr.Seize(ctx, pid, seizeTimeout)
 		if err != nil {
 			return nil, &IneligibleError{Reasons: []string{fmt.Sprintf("%s session (pid %d): %v", ss.kind, pid, err)}}
 		}
 		stopped = append(stopped, p)
-		t, why := inspect(pid, ss)
+		order = append(order, ss)
+	}
+	// Nothing else may have appeared meanwhile (a spawn that raced us);
+	// next's init may be a newcomer.
+	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || inits[p] || procfs.Exiting(p) })) != len(byPid) {
+		return nil, &IneligibleError{Reasons: []string{"processes started during the checkpoint"}}
+	}
+
+	// 4. The filesystem at this instant: nothing of the sandbox runs. It is
+	//    taken while the sessions are inspected and cloned; the clones start
+	//    only once it is. Every return from here waits for it (the caller
+	//    undoes a commit that is not acknowledged).
+	cr := startCapture(ctx, capture)
+	defer func() {
+		if err != nil {
+			_ = cr.wait()
+		}
+	}()
+	tpls := make([]*template, 0, len(order))
+	for i, ss := range order {
+		p := stopped[i]
+		t, why := inspect(p.Pid(), ss)
 		if why != "" {
-			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %s", ss.kind, pid, why))
+			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %s", ss.kind, p.Pid(), why))
 			continue
 		}
 		if t.tidOff, err = s.rt.tidOffset(ctx, p); err != nil {
-			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %v", ss.kind, pid, err))
+			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %v", ss.kind, p.Pid(), err))
 			continue
 		}
 		t.pc, t.sp = p.Regs().PC(), p.Regs().SP()
@@ -338,11 +366,6 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			t.origin = old
 		}
 		tpls = append(tpls, t)
-	}
-	// Nothing else may have appeared meanwhile (a spawn that raced us);
-	// next's init may be a newcomer.
-	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || inits[p] })) != len(byPid) {
-		reasons = append(reasons, "processes started during the checkpoint")
 	}
 	if len(reasons) > 0 {
 		return nil, &IneligibleError{Reasons: reasons}
@@ -363,40 +386,13 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	configured := time.Now()
 
-	// 4. The filesystem at this instant, while the clones are made: they
-	//    start only once it is taken.
-	capturedAt := make(chan struct{})
-	var once sync.Once
-	var capturedTime time.Time // set before capturedAt is closed
-	capDone := make(chan error, 1)
-	go func() {
-		capDone <- capture(ctx, func() { once.Do(func() { capturedTime = time.Now(); close(capturedAt) }) })
-	}()
-	capErr := func() error { // waits for the instant of capture
-		select {
-		case <-capturedAt:
-			return nil
-		case err := <-capDone:
-			select {
-			case <-capturedAt:
-				capDone <- err // for the wait after the switch
-				return nil
-			default:
-			}
-			if err == nil {
-				err = errors.New("capture returned without taking the content")
-			}
-			return err
-		}
-	}
-
 	// 5. The clones, made but not started; then the instant of capture.
 	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
 	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s, nil)
 	if cerr == nil {
-		cerr = capErr()
+		cerr = cr.instant()
 	} else {
-		<-capDone // the capture ran all the same: the caller undoes it
+		_ = cr.wait() // the capture ran all the same: the caller undoes it
 	}
 	if cerr != nil {
 		// Back as they were: the clones never ran; the sessions resume
@@ -437,7 +433,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		ss.closePipes()
 	}
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
-		"capture_ms", ms(capturedTime.Sub(configured)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
+		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
 	// The templates' home; then, off the pause, the next checkpoint's
 	// generation, and the templates' generations outlive the daemon.
 	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
@@ -449,7 +445,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		_ = tcg.Add(old.hostPid)
 	}
 	s.prepareNext()
-	err = errors.Join(err, <-capDone) // and the capture's bookkeeping
+	err = errors.Join(err, cr.wait()) // and the capture's bookkeeping
 	if err != nil {
 		ts.Release()
 		return nil, fmt.Errorf("checkpoint sandbox %q: the sandbox goes on, its templates are dropped: %w", s.id, err)
@@ -459,6 +455,53 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		s.log.Warn("checkpoint: templates will not survive a daemon restart", "err", err)
 	}
 	return ts, nil
+}
+
+// captureRun is a filesystem capture of CheckpointTemplates, running.
+type captureRun struct {
+	at       chan struct{} // closed at the instant of capture
+	done     chan error
+	when     time.Time // the instant, once at is closed
+	finished bool
+	err      error
+}
+
+func startCapture(ctx context.Context, capture func(context.Context, func()) error) *captureRun {
+	c := &captureRun{at: make(chan struct{}), done: make(chan error, 1)}
+	var once sync.Once
+	go func() {
+		c.done <- capture(ctx, func() { once.Do(func() { c.when = time.Now(); close(c.at) }) })
+	}()
+	return c
+}
+
+// instant waits for the instant of capture, or for the capture's failure
+// before it.
+func (c *captureRun) instant() error {
+	select {
+	case <-c.at:
+		return nil
+	case err := <-c.done:
+		c.finished, c.err = true, err
+		select {
+		case <-c.at:
+			return nil
+		default:
+		}
+		if err == nil {
+			err = errors.New("capture returned without taking the content")
+		}
+		return err
+	}
+}
+
+// wait waits for the whole capture (its bookkeeping too) and returns its
+// error.
+func (c *captureRun) wait() error {
+	if !c.finished {
+		c.finished, c.err = true, <-c.done
+	}
+	return c.err
 }
 
 // resetPidNS points the pid namespace for the children of a stopped session
@@ -757,6 +800,10 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	defer t.mu.Unlock()
 	tr := newTrace(ctx)
 	defer tr.done(sb.log, "clone "+t.kind.String())
+	// A checkpoint's clone (its template seized by the caller) goes on on
+	// the same root: it keeps the template's open files, which the template,
+	// never to run again, does not use.
+	keepFiles := tp != nil
 	if tp == nil {
 		if !t.stopped() {
 			return nil, nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
@@ -810,7 +857,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		if c, err = b.Clone(tp, unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid); err != nil {
 			return fmt.Errorf("template: clone: %w", err)
 		}
-		return enter(b, c, t, pfd, st.fds, scratch)
+		return enter(b, c, t, pfd, st.fds, scratch, keepFiles)
 	})
 	if err != nil {
 		if c != nil {
@@ -865,8 +912,9 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 }
 
 // enter runs the clone's side of the sequence: into next's namespaces, cwd,
-// stdio, files. scratch is dead stack memory for its string arguments.
-func enter(b *inject.Batch, c *inject.Proc, t *template, pfd uintptr, held []int, scratch uintptr) error {
+// stdio, files (unless keepFiles). scratch is dead stack memory for its
+// string arguments.
+func enter(b *inject.Batch, c *inject.Proc, t *template, pfd uintptr, held []int, scratch uintptr, keepFiles bool) error {
 	if _, err := b.Syscall(c, unix.SYS_SETNS, pfd, unix.CLONE_NEWNS|unix.CLONE_NEWNET|unix.CLONE_NEWUTS|unix.CLONE_NEWIPC); err != nil {
 		return fmt.Errorf("clone: setns: %w", err)
 	}
@@ -881,6 +929,9 @@ func enter(b *inject.Batch, c *inject.Proc, t *template, pfd uintptr, held []int
 		return fmt.Errorf("clone: chdir %q: %w", t.cwd, err)
 	}
 	for _, f := range t.fds {
+		if keepFiles && f.Role == fdReopen {
+			continue
+		}
 		var nfd uintptr
 		switch f.Role {
 		case fdStdin, fdStdout, fdStderr:
