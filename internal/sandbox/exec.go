@@ -47,17 +47,20 @@ type proc struct {
 	stderr *os.File
 }
 
-// start starts argv in the sandbox in a child cgroup named cgName, with
-// pipes for its stdio (stdin only when withStdin).
-func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, cgName string, withStdin bool) (_ *proc, err error) {
+// start starts argv in the sandbox in a new child cgroup, known in
+// s.children as key, with pipes for its stdio (stdin only when withStdin).
+// The cgroup's own name is unique: one of the same key that a restore
+// replaced may still be on its way out.
+func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, key string, withStdin bool) (_ *proc, err error) {
 	s.mu.Lock()
 	if s.rerooting {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("sandbox %q is being restored: %w", s.id, errdefs.ErrUnavailable)
 	}
-	cg, err := s.cg.Child(cgName)
+	s.roots++
+	cg, err := s.cg.Child(key + "." + strconv.Itoa(s.roots))
 	if err == nil {
-		s.children[cgName] = cg
+		s.children[key] = cg
 	}
 	s.mu.Unlock()
 	if err != nil {

@@ -177,7 +177,7 @@ type Sandbox struct {
 	// which run in the sandbox's cgroup but are no workload.
 	prepared map[*generation]*PreparedRoot
 	leaving  map[int]bool // host pids of a replaced generation being torn down
-	roots    int          // how many roots were mounted (each gets its own mount point)
+	roots    int          // a counter naming what must not reuse a name: mount points of roots, child cgroups
 	sess     map[SessionKind]*session
 	children map[string]cgroup.Cgroup // child cgroups of commands and sessions
 	replay   map[SessionKind]string   // session state to replay before the session's next call

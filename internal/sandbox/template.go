@@ -1052,12 +1052,19 @@ func (ts *Templates) Release() {
 			_ = unix.Kill(t.pid, unix.SIGKILL)
 		}
 	}
-	ts.g.release()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if ts.cg != nil {
-		_ = ts.cg.Delete(ctx)
+	// Their cgroup holds their generation's init too, which the sandbox's
+	// own generation, nested below, may still need: it goes when that init
+	// does (deleting it kills what it holds).
+	if cg := ts.cg; cg != nil {
+		ts.g.mu.Lock()
+		ts.g.onFree = append(ts.g.onFree, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = cg.Delete(ctx)
+		})
+		ts.g.mu.Unlock()
 	}
+	ts.g.release()
 }
 
 // RestoreTemplates restores the sandbox in place to a checkpoint's
@@ -1369,6 +1376,16 @@ func (p *PreparedRoot) prepareClones(ctx context.Context) {
 // be warmed just takes its faults later.
 func (p *PreparedRoot) warm(clones []*inject.Proc) {
 	budget := p.sb.rt.warm
+	// The copies are charged to the sandbox's memory: never more than half
+	// of what its limit leaves, so that warming cannot push the sandbox's
+	// own processes out of memory.
+	if lim := p.sb.limits.MemoryBytes; lim > 0 {
+		st, err := p.sb.cg.Stats()
+		if err != nil {
+			return
+		}
+		budget = min(budget, (lim-int64(st.MemoryUsage))/2)
+	}
 	for i, c := range clones {
 		if budget <= 0 || i >= len(p.ts.procs) {
 			return

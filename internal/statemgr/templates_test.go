@@ -281,6 +281,11 @@ func TestTemplateKilledDowngradesCheckpoint(t *testing.T) {
 			if p := paths(got.Processes)["shell session"]; p != daemon.PathReplay || !strings.Contains(got.Processes[0].Reason, "template") {
 				t.Errorf("checkpoint after the template was %s: %+v", how, got.Processes)
 			}
+			// Dropping the templates leaves the sandbox alone: its live
+			// generation nests below theirs.
+			if r := session(t, m, id, sandbox.SessionShell, "echo $V"); r.stdout != "kept\n" {
+				t.Errorf("the live session after its templates were dropped: V = %q (%s)", r.stdout, r.stderr)
+			}
 			session(t, m, id, sandbox.SessionShell, "V=changed")
 			res := restore(t, m, id, ck.ID)
 			if p := paths(res.Processes)["shell session"]; p != daemon.PathReplay {
