@@ -176,11 +176,14 @@ type Sandbox struct {
 	// prepared are the generations of restores made ready (PrepareRoot),
 	// which run in the sandbox's cgroup but are no workload.
 	prepared map[*generation]*PreparedRoot
-	leaving  map[int]bool // host pids of a replaced generation being torn down
-	roots    int          // a counter naming what must not reuse a name: mount points of roots, child cgroups
-	sess     map[SessionKind]*session
-	children map[string]cgroup.Cgroup // child cgroups of commands and sessions
-	replay   map[SessionKind]string   // session state to replay before the session's next call
+	leaving  map[int]bool // host pids of a replaced generation's inits being torn down
+	// leavingCgs are the session cgroups of a replaced generation, being
+	// torn down.
+	leavingCgs map[cgroup.Cgroup]bool
+	roots      int // a counter naming what must not reuse a name: mount points of roots, child cgroups
+	sess       map[SessionKind]*session
+	children   map[string]cgroup.Cgroup // child cgroups of commands and sessions
+	replay     map[SessionKind]string   // session state to replay before the session's next call
 
 	bg   sync.WaitGroup // background work (old roots being detached) Destroy waits for
 	quit chan struct{}  // closed by Destroy: background work still queued gives up
@@ -274,7 +277,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{}, quit: make(chan struct{}),
+		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, quit: make(chan struct{}),
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {

@@ -285,7 +285,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	inits := s.initPids()
 	for _, pid := range hostPids {
-		if !inits[pid] && byPid[pid] == nil && !procfs.Exiting(pid) {
+		if !inits[pid] && byPid[pid] == nil && !procfs.Exiting(pid) && !s.leavingPid(pid) {
 			reasons = append(reasons, fmt.Sprintf("process %d (%s, state %s): not an idle session", pid, procfs.Cmdline(pid), procfs.State(pid)))
 		}
 	}
@@ -334,7 +334,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	// Nothing else may have appeared meanwhile (a spawn that raced us);
 	// next's init may be a newcomer.
-	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || inits[p] || procfs.Exiting(p) })) != len(byPid) {
+	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || inits[p] || procfs.Exiting(p) || s.leavingPid(p) })) != len(byPid) {
 		return nil, &IneligibleError{Reasons: []string{"processes started during the checkpoint"}}
 	}
 
@@ -579,6 +579,23 @@ func (s *Sandbox) initPids() map[int]bool {
 		out[p] = true
 	}
 	return out
+}
+
+// leavingPid reports whether pid is in the cgroup of a session a restore
+// replaced, on its way out.
+func (s *Sandbox) leavingPid(pid int) bool {
+	s.mu.Lock()
+	cgs := make([]cgroup.Cgroup, 0, len(s.leavingCgs))
+	for cg := range s.leavingCgs {
+		cgs = append(cgs, cg)
+	}
+	s.mu.Unlock()
+	for _, cg := range cgs {
+		if pids, err := cg.Procs(); err == nil && slices.Contains(pids, pid) {
+			return true
+		}
+	}
+	return false
 }
 
 // prepareNext makes a spare child generation of the live one in the
@@ -1158,23 +1175,34 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
-	// Until they are gone, a checkpoint must not take them for workload.
+	// Until they are gone, a checkpoint must not take them for workload:
+	// the inits by pid, the sessions by their cgroups (listing them here
+	// would cost the restore a read of each).
 	leaving := []int{oldG.hostPid}
 	if spare != nil {
 		leaving = append(leaving, spare.hostPid)
-	}
-	for _, cg := range children {
-		p, _ := cg.Procs()
-		leaving = append(leaving, p...)
 	}
 	s.mu.Lock()
 	for _, p := range leaving {
 		s.leaving[p] = true
 	}
+	for _, cg := range children {
+		s.leavingCgs[cg] = true
+	}
 	s.mu.Unlock()
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
+		// Dying takes CPU (their page tables): at the lowest priority, not
+		// against the restored sessions'.
+		lowest := []int{oldG.hostPid}
+		for _, cg := range children {
+			p, _ := cg.Procs()
+			lowest = append(lowest, p...)
+		}
+		for _, p := range lowest {
+			_ = unix.Setpriority(unix.PRIO_PROCESS, p, 19)
+		}
 		if spare != nil {
 			spare.release()
 		}
@@ -1185,6 +1213,9 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 		s.mu.Lock()
 		for _, p := range leaving {
 			delete(s.leaving, p)
+		}
+		for _, cg := range children {
+			delete(s.leavingCgs, cg)
 		}
 		s.mu.Unlock()
 	}()
