@@ -79,15 +79,18 @@ func Cmdline(pid int) string {
 	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
 }
 
-// Exiting reports whether the process is gone or on its way out (the
-// kernel's PF_EXITING): it runs no user code any more.
+// Exiting reports whether the process is gone or on its way out: its main
+// thread has the kernel's PF_EXITING and no other thread is left (a process
+// whose main thread exited alone still runs the others), so it runs no user
+// code any more.
 func Exiting(pid int) bool {
 	f, err := stat(pid)
-	if err != nil || len(f) < 7 {
+	if err != nil || len(f) < 18 {
 		return true
 	}
-	flags, err := strconv.ParseUint(f[6], 10, 64)
-	return err == nil && flags&pfExiting != 0
+	flags, err1 := strconv.ParseUint(f[6], 10, 64)
+	threads, err2 := strconv.Atoi(f[17])
+	return err1 == nil && err2 == nil && flags&pfExiting != 0 && threads <= 1
 }
 
 const pfExiting = 0x4 // PF_EXITING, include/linux/sched.h

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"syscall"
 )
 
 // InitBinaryName is the init-only binary (cmd/deltabox-init) a runtime
@@ -67,6 +68,11 @@ func usableInit(path string) error {
 	if !st.Mode().IsRegular() || st.Mode().Perm()&0o005 != 0o005 {
 		return fmt.Errorf("not a file every user may read and execute (%v)", st.Mode())
 	}
+	// Every sandbox runs it as pid 1: only root may have written it, or
+	// replaced it in its directories (a sticky one, like /tmp, is fine).
+	if err := rootOnly(abs, st, false); err != nil {
+		return err
+	}
 	for d := filepath.Dir(abs); ; d = filepath.Dir(d) {
 		ds, err := os.Stat(d)
 		if err != nil {
@@ -74,6 +80,9 @@ func usableInit(path string) error {
 		}
 		if ds.Mode().Perm()&0o001 == 0 {
 			return fmt.Errorf("directory %s is not traversable by every user", d)
+		}
+		if err := rootOnly(d, ds, true); err != nil {
+			return err
 		}
 		if d == "/" {
 			break
@@ -104,4 +113,17 @@ func buildStamp(bi *debug.BuildInfo) string {
 		}
 	}
 	return s
+}
+
+// rootOnly checks that path is owned by root and that nobody else may write
+// it (a sticky directory excepted).
+func rootOnly(path string, st os.FileInfo, dir bool) error {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || sys.Uid != 0 {
+		return fmt.Errorf("%s is not owned by root", path)
+	}
+	if st.Mode().Perm()&0o022 != 0 && !(dir && st.Mode()&os.ModeSticky != 0) {
+		return fmt.Errorf("%s is writable by others than root (%v)", path, st.Mode())
+	}
+	return nil
 }

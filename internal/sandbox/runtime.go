@@ -180,10 +180,13 @@ type Sandbox struct {
 	// leavingCgs are the session cgroups of a replaced generation, being
 	// torn down.
 	leavingCgs map[cgroup.Cgroup]bool
-	roots      int // a counter naming what must not reuse a name: mount points of roots, child cgroups
-	sess       map[SessionKind]*session
-	children   map[string]cgroup.Cgroup // child cgroups of commands and sessions
-	replay     map[SessionKind]string   // session state to replay before the session's next call
+	// ancestors are inits of generations the live one nests below that
+	// could not leave the sandbox's cgroup (see CheckpointTemplates).
+	ancestors map[int]bool
+	roots     int // a counter naming what must not reuse a name: mount points of roots, child cgroups
+	sess      map[SessionKind]*session
+	children  map[string]cgroup.Cgroup // child cgroups of commands and sessions
+	replay    map[SessionKind]string   // session state to replay before the session's next call
 
 	bg   sync.WaitGroup // background work (old roots being detached) Destroy waits for
 	quit chan struct{}  // closed by Destroy: background work still queued gives up
@@ -277,7 +280,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, quit: make(chan struct{}),
+		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, ancestors: map[int]bool{}, quit: make(chan struct{}),
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {

@@ -131,11 +131,24 @@ func (s *Sandbox) Session(ctx context.Context, req SessionRequest) (ExecResult, 
 	// The next checkpoint's generation, unless it is ready (a fork's
 	// sandbox gets it here, at its first call, not during the fork).
 	s.prepareNext()
-	ss, err := s.session(ctx, req.Kind)
-	if err != nil {
-		return ExecResult{}, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)
+	var ss *session
+	for {
+		var err error
+		if ss, err = s.session(ctx, req.Kind); err != nil {
+			return ExecResult{}, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)
+		}
+		ss.mu.Lock()
+		// A checkpoint or restore that held it meanwhile may have
+		// replaced it (its process became a template or is gone): the
+		// call goes to the one that took its place.
+		s.mu.Lock()
+		current := s.sess[req.Kind] == ss
+		s.mu.Unlock()
+		if current {
+			break
+		}
+		ss.mu.Unlock()
 	}
-	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if err := s.replayPending(ctx, ss); err != nil {
 		s.dropSession(ss)

@@ -300,9 +300,25 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 	}
 	switched := false // the sandbox lives in next: nothing to undo
+	spent := false    // next's setup failed: it can serve nothing
+	defer func() {
+		switch {
+		case err == nil || switched:
+		case spent:
+			next.release()
+		default:
+			s.giveBack(next, nextRoot)
+		}
+	}()
+
+	// The templates' cgroup, before anything stops.
+	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
+	}
 	defer func() {
 		if err != nil && !switched {
-			s.giveBack(next, nextRoot)
+			_ = tcg.Delete(context.Background())
 		}
 	}()
 
@@ -377,9 +393,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	if nextRoot != root {
 		// No spare was ready: its setup joins the pause.
 		if err := s.rt.configureInit(ctx, s, next, root); err != nil {
-			next.release()
-			next = nil
-			nextRoot = ""
+			spent = true
 			return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 		}
 		nextRoot = root
@@ -434,15 +448,22 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
 		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
-	// The templates' home; then, off the pause, the next checkpoint's
-	// generation, and the templates' generations outlive the daemon.
-	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
-	if err == nil {
-		ts.cg = tcg
-		for _, t := range tpls {
-			_ = tcg.Add(t.pid)
-		}
-		_ = tcg.Add(old.hostPid)
+	// The templates' home (made before the pause); then, off the pause,
+	// the next checkpoint's generation, and the templates' generations
+	// outlive the daemon.
+	ts.cg = tcg
+	err = nil
+	for _, t := range tpls {
+		err = errors.Join(err, tcg.Add(t.pid))
+	}
+	if aerr := tcg.Add(old.hostPid); aerr != nil {
+		// It stays in the sandbox's cgroup, as the parent generation of
+		// the live one: a checkpoint must not take it for workload.
+		s.log.Error("checkpoint: the templates' generation could not leave the sandbox's cgroup", "pid", old.hostPid, "err", aerr)
+		s.mu.Lock()
+		s.ancestors[old.hostPid] = true
+		s.mu.Unlock()
+		err = errors.Join(err, aerr)
 	}
 	s.prepareNext()
 	err = errors.Join(err, cr.wait()) // and the capture's bookkeeping
@@ -532,10 +553,12 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // if there is one, else a new one.
 func (s *Sandbox) takeNext(ctx context.Context) (*generation, string, error) {
 	s.mu.Lock()
-	g, root, cur := s.spare, s.spareRoot, s.g
+	g, root, cur, live := s.spare, s.spareRoot, s.g, s.rootfs
 	s.spare, s.spareRoot = nil, ""
 	s.mu.Unlock()
-	if g != nil && g.parent == cur && g.alive() {
+	// A spare set up on another root (a slow-path restore moved the
+	// sandbox) can take no second setup: only one waiting for its first.
+	if g != nil && g.parent == cur && g.alive() && (root == "" || root == live) {
 		return g, root, nil
 	}
 	if g != nil {
@@ -566,6 +589,9 @@ func (s *Sandbox) initPids() map[int]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[int]bool{s.g.hostPid: true}
+	for p := range s.ancestors {
+		out[p] = true
+	}
 	if s.spare != nil {
 		out[s.spare.hostPid] = true
 	}
@@ -628,16 +654,18 @@ func (s *Sandbox) prepareNext() {
 		defer cancel()
 		s.mu.Lock()
 		cur, root, done := s.g, s.rootfs, s.destroyed
-		g := s.spare
-		if g != nil && (g.parent != cur || !g.alive()) {
-			g.release()
-			g = nil
+		g, stale := s.spare, (*generation)(nil)
+		if g != nil && (g.parent != cur || !g.alive() || (s.spareRoot != "" && s.spareRoot != root)) {
+			g, stale = nil, g
 		}
 		if g != nil && s.spareRoot == root {
 			done = true
 		}
 		s.spare, s.spareRoot = nil, ""
 		s.mu.Unlock()
+		if stale != nil {
+			stale.release()
+		}
 		if done {
 			if g != nil {
 				s.giveBack(g, root)
@@ -1064,10 +1092,20 @@ func (ts *Templates) Release() {
 	if spare != nil {
 		spare.release()
 	}
+	var dying []int
 	for _, t := range ts.procs {
-		if procfs.StartTime(t.pid) == t.start {
-			_ = unix.Kill(t.pid, unix.SIGKILL)
+		if procfs.StartTime(t.pid) != t.start {
+			continue
 		}
+		if fd, err := unix.PidfdOpen(t.pid, 0); err == nil {
+			dying = append(dying, fd)
+		}
+		_ = unix.Kill(t.pid, unix.SIGKILL)
+	}
+	// Gone when Release returns (their generation's init reaps them).
+	for _, fd := range dying {
+		_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10_000)
+		unix.Close(fd)
 	}
 	// Their cgroup holds their generation's init too, which the sandbox's
 	// own generation, nested below, may still need: it goes when that init

@@ -319,7 +319,11 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 	}
 	began := time.Now()
 	m.layersMu.RLock()
-	defer m.layersMu.RUnlock()
+	defer func() {
+		if !handedOff {
+			m.layersMu.RUnlock()
+		}
+	}()
 	var active layer.Info
 	var prep *sandbox.PreparedRoot
 	if l, p, ok := m.takeSpare(id, ckID); ok {
@@ -378,16 +382,22 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 				res.Processes = append(res.Processes, ps)
 			}
 			m.makeSpare(id, ckID, ck.Layer)
+			// The layers' read lock goes with it: gc must not see the
+			// new layer unreferenced before the record names it.
 			handedOff = true
 			m.bg.Add(1)
 			go func() {
 				defer m.bg.Done()
 				defer unlock()
-				if err := <-stored; err != nil {
-					if err = m.put(&next); err != nil {
-						m.log.Error("restore: the sandbox's record could not be written: a daemon restart would bring it back to its old layer", "sandbox", id, "layer", oldLayer, "err", err)
-						return
-					}
+				defer m.layersMu.RUnlock()
+				err := <-stored
+				for try := 0; err != nil && try < 5; try++ {
+					time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+					err = m.put(&next)
+				}
+				if err != nil {
+					m.log.Error("restore: the sandbox's record could not be written: a daemon restart would bring it back to its old layer", "sandbox", id, "layer", oldLayer, "err", err)
+					return
 				}
 				m.removeLater(sb, oldLayer)
 			}()

@@ -123,6 +123,25 @@ func (m *Manager) dropSpares(ctx context.Context, match func(sandbox string, sp 
 	}
 }
 
+// releasePreps releases the restores made ready for checkpoint ck (its
+// templates are going): their clones, generation and mount. The spare
+// layers stay, for a restore on the replay path.
+func (m *Manager) releasePreps(ck string) {
+	m.mu.Lock()
+	var preps []*sandbox.PreparedRoot
+	for id, sp := range m.spares {
+		if sp.checkpoint == ck && sp.prep != nil {
+			preps = append(preps, sp.prep)
+			sp.prep = nil
+			m.spares[id] = sp
+		}
+	}
+	m.mu.Unlock()
+	for _, p := range preps {
+		p.Release()
+	}
+}
+
 // spareLayers lists the spare layers, for gc and Fsck.
 func (m *Manager) spareLayers() []string {
 	m.mu.Lock()

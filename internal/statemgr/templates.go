@@ -109,6 +109,7 @@ func (m *Manager) dropTemplates(ckID, why string) {
 	if h == nil {
 		return
 	}
+	m.releasePreps(ckID) // their clones and generation hold the templates' memory and generation
 	h.ts.Release()
 	if h.retired != "" && !m.layerPinned(h.retired) {
 		if err := m.layers.Remove(context.Background(), h.retired); err != nil {
@@ -163,7 +164,10 @@ func (m *Manager) layerPinned(l string) bool {
 	if slices.Contains(m.retiredLayers(), l) {
 		return true
 	}
-	recs, _ := m.records()
+	recs, err := m.records()
+	if err != nil {
+		return true // unknown: keep it, gc decides later
+	}
 	for _, r := range recs {
 		if r.Layer == l {
 			return true

@@ -3,6 +3,7 @@
 package statemgr_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -667,5 +668,57 @@ func TestWarmRestoresPreFaultTheHeap(t *testing.T) {
 				t.Fatalf("after the restore: %q %q", r.stdout, r.stderr)
 			}
 		})
+	}
+}
+
+// TestSessionCallsDuringCheckpoints makes python calls while template
+// checkpoints replace the session's process: a call that waited for a
+// checkpoint goes to the clone, and none is lost or kills the session.
+func TestSessionCallsDuringCheckpoints(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `x = 0`)
+	const calls = 30
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; i < calls; i++ {
+			var out bytes.Buffer
+			res, err := m.Session(context.Background(), id, sandbox.SessionRequest{Kind: sandbox.SessionPython, Code: "x += 1", Stdout: &out, Timeout: 30 * time.Second})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit %d", res.ExitCode)
+			}
+			if err != nil {
+				done <- fmt.Errorf("call %d: %w", i, err)
+				return
+			}
+			// Room for a checkpoint to find the session idle, so that the
+			// next call arrives while it holds the session.
+			time.Sleep(3 * time.Millisecond)
+		}
+		done <- nil
+	}()
+	var templates int
+	for running := true; running; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		default:
+			ck, err := m.Checkpoint(context.Background(), id, daemon.CheckpointOptions{})
+			if err != nil {
+				t.Fatalf("checkpoint: %v", err)
+			}
+			if paths(ck.Processes)["python session"] == daemon.PathTemplate {
+				templates++
+			}
+		}
+	}
+	if r := session(t, m, id, sandbox.SessionPython, `print(x)`); r.stdout != fmt.Sprintf("%d\n", calls) {
+		t.Fatalf("x = %q after %d calls and %d template checkpoints, want %d", r.stdout, calls, templates, calls)
+	}
+	if templates == 0 {
+		t.Log("no checkpoint found the session idle; the race was not exercised")
 	}
 }
