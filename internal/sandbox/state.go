@@ -133,8 +133,8 @@ func (s *Sandbox) Processes() ([]Process, error) {
 	inits := s.initPids()
 	var out []Process
 	for _, pid := range pids {
-		if inits[pid] {
-			continue
+		if inits[pid] || (sessionOf[pid] == SessionUnknown && (procfs.Exiting(pid) || s.leavingPid(pid))) {
+			continue // ours, or on its way out
 		}
 		out = append(out, Process{Pid: pid, Cmdline: procfs.Cmdline(pid), Session: sessionOf[pid]})
 	}
