@@ -10,8 +10,6 @@ import (
 	"slices"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
@@ -96,15 +94,8 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	s.mu.Unlock()
 	// Detaching the old overlay syncs its upper (tens of ms on a loaded
 	// disk): off the critical path. File operations that still hold it
-	// finish on it. Destroy waits for this.
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		if err := unix.Unmount(old, unix.MNT_DETACH); err != nil {
-			s.log.Warn("reroot: detach old root", "err", err)
-		}
-		_ = os.Remove(old)
-	}()
+	// finish on it.
+	s.detachRoot(old)
 	return nil
 }
 

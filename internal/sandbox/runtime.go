@@ -37,6 +37,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -75,12 +76,12 @@ type Runtime struct {
 	initBin    string // WithInitBinary
 	initBinSet bool
 	warm       int64 // WithWarm
-	// background bounds the spare generations booted ahead at once (see
-	// backgroundSlot).
-	background chan struct{}
-	seccomp    bool
-	cgParent   string // cgroup parent directory, in every hierarchy
-	log        *slog.Logger
+	// turns bounds the spare generations booted ahead at once (see
+	// background).
+	turns    chan struct{}
+	seccomp  bool
+	cgParent string // cgroup parent directory, in every hierarchy
+	log      *slog.Logger
 
 	tracerOnce sync.Once
 	tracer     *inject.Tracer // the ptrace thread of every template operation
@@ -100,18 +101,24 @@ type RuntimeOpt func(*Runtime)
 // filter's interaction only).
 func WithoutSeccomp() RuntimeOpt { return func(r *Runtime) { r.seccomp = false } }
 
-// backgroundSlot waits for a turn to boot a generation ahead of time and
-// returns its release. Booting an init costs milliseconds of CPU: after a
-// fork of many, each new sandbox wants its spare, and booting them all at
-// once would starve the sandboxes' own first steps.
-// It returns false, with nothing to release, once quit is closed.
-func (r *Runtime) backgroundSlot(quit <-chan struct{}) (func(), bool) {
-	select {
-	case r.background <- struct{}{}:
-		return func() { <-r.background }, true
-	case <-quit:
-		return nil, false
-	}
+// background runs f off the critical path, counted in wg (the caller adds
+// to it), once it has its turn: booting an init costs milliseconds of CPU,
+// and after a fork of many, each new sandbox wants its spare; booting them
+// all at once would starve the sandboxes' own first steps. Half the CPUs
+// boot at once. quit gives up the wait; f gets a minute.
+func (r *Runtime) background(wg *sync.WaitGroup, quit <-chan struct{}, f func(ctx context.Context)) {
+	go func() {
+		defer wg.Done()
+		select {
+		case r.turns <- struct{}{}:
+		case <-quit:
+			return
+		}
+		defer func() { <-r.turns }()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		f(ctx)
+	}()
 }
 
 // WithWarm has restores made ready ahead pre-fault, for writing, up to
@@ -139,7 +146,7 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 		o(r)
 	}
 	r.resolveInit()
-	r.background = make(chan struct{}, max(1, runtime.NumCPU()/2))
+	r.turns = make(chan struct{}, max(1, runtime.NumCPU()/2))
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}

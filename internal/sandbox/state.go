@@ -133,7 +133,7 @@ func (s *Sandbox) Processes() ([]Process, error) {
 	inits := s.initPids()
 	var out []Process
 	for _, pid := range pids {
-		if inits[pid] || (sessionOf[pid] == SessionUnknown && (procfs.Exiting(pid) || s.leavingPid(pid))) {
+		if inits[pid] || (sessionOf[pid] == SessionUnknown && s.notWorkload(pid, inits)) {
 			continue // ours, or on its way out
 		}
 		out = append(out, Process{Pid: pid, Cmdline: procfs.Cmdline(pid), Session: sessionOf[pid]})

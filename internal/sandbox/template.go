@@ -97,15 +97,7 @@ func (ts *Templates) refill() {
 	}
 	ts.bg.Add(1)
 	ts.mu.Unlock()
-	go func() {
-		defer ts.bg.Done()
-		release, ok := ts.rt.backgroundSlot(ts.quit)
-		if !ok {
-			return
-		}
-		defer release()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+	ts.rt.background(&ts.bg, ts.quit, func(ctx context.Context) {
 		g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
 		if err != nil {
 			return
@@ -118,7 +110,7 @@ func (ts *Templates) refill() {
 		}
 		ts.spare = g
 		ts.mu.Unlock()
-	}()
+	})
 }
 
 // template is one frozen process and what a clone needs to continue it in
@@ -285,7 +277,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	inits := s.initPids()
 	for _, pid := range hostPids {
-		if !inits[pid] && byPid[pid] == nil && !procfs.Exiting(pid) && !s.leavingPid(pid) {
+		if byPid[pid] == nil && !s.notWorkload(pid, inits) {
 			reasons = append(reasons, fmt.Sprintf("process %d (%s, state %s): not an idle session", pid, procfs.Cmdline(pid), procfs.State(pid)))
 		}
 	}
@@ -350,7 +342,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 	// Nothing else may have appeared meanwhile (a spawn that raced us);
 	// next's init may be a newcomer.
-	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || inits[p] || procfs.Exiting(p) || s.leavingPid(p) })) != len(byPid) {
+	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || s.notWorkload(p, inits) })) != len(byPid) {
 		return nil, &IneligibleError{Reasons: []string{"processes started during the checkpoint"}}
 	}
 
@@ -548,17 +540,23 @@ var atFDCWD = func() uintptr { v := unix.AT_FDCWD; return uintptr(v) }()
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// spareFits reports whether g, set up on root ("" while it waits for its
+// setup), can serve the live generation's next checkpoint: a spare set up
+// on another root (a slow-path restore moved the sandbox) cannot be set up
+// again. s.mu must be held.
+func (s *Sandbox) spareFits(g *generation, root string) bool {
+	return g != nil && g.parent == s.g && g.alive() && (root == "" || root == s.rootfs)
+}
+
 // takeNext returns a child generation of the live one, in the sandbox's
 // cgroup, and the root its init is set up on ("" when none yet): the spare
-// if there is one, else a new one.
+// if it fits, else a new one.
 func (s *Sandbox) takeNext(ctx context.Context) (*generation, string, error) {
 	s.mu.Lock()
-	g, root, cur, live := s.spare, s.spareRoot, s.g, s.rootfs
+	g, root, cur, fits := s.spare, s.spareRoot, s.g, s.spareFits(s.spare, s.spareRoot)
 	s.spare, s.spareRoot = nil, ""
 	s.mu.Unlock()
-	// A spare set up on another root (a slow-path restore moved the
-	// sandbox) can take no second setup: only one waiting for its first.
-	if g != nil && g.parent == cur && g.alive() && (root == "" || root == live) {
+	if fits {
 		return g, root, nil
 	}
 	if g != nil {
@@ -572,7 +570,7 @@ func (s *Sandbox) takeNext(ctx context.Context) (*generation, string, error) {
 // spare, or releases it.
 func (s *Sandbox) giveBack(g *generation, root string) {
 	s.mu.Lock()
-	if !s.destroyed && s.spare == nil && g.parent == s.g && g.alive() && (root == "" || root == s.rootfs) {
+	if !s.destroyed && s.spare == nil && s.spareFits(g, root) {
 		s.spare, s.spareRoot = g, root
 		g = nil
 	}
@@ -607,6 +605,13 @@ func (s *Sandbox) initPids() map[int]bool {
 	return out
 }
 
+// notWorkload reports whether a process of the sandbox's cgroup is none of
+// its workload: one of its inits (inits, from initPids), or on its way out
+// (exiting, or of a session a restore replaced).
+func (s *Sandbox) notWorkload(pid int, inits map[int]bool) bool {
+	return inits[pid] || procfs.Exiting(pid) || s.leavingPid(pid)
+}
+
 // leavingPid reports whether pid is in the cgroup of a session a restore
 // replaced, on its way out.
 func (s *Sandbox) leavingPid(pid int) bool {
@@ -631,64 +636,38 @@ func (s *Sandbox) leavingPid(pid int) bool {
 // checkpoint's pause.
 func (s *Sandbox) prepareNext() {
 	s.mu.Lock()
-	if s.destroyed || (s.spare != nil && s.spare.parent == s.g && s.spareRoot == s.rootfs) {
+	if s.destroyed || (s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)) {
 		s.mu.Unlock()
 		return
 	}
 	s.bg.Add(1)
 	s.mu.Unlock()
-	go func() {
-		defer s.bg.Done()
+	s.rt.background(&s.bg, s.quit, func(ctx context.Context) {
 		// A checkpoint waits for a spare in the making: until it is
 		// registered, its init would look like a workload process. Under
 		// the lock, the live generation and root cannot change meanwhile.
-		// The slot first: a checkpoint must not wait behind the queue.
-		release, ok := s.rt.backgroundSlot(s.quit)
-		if !ok {
-			return
-		}
-		defer release()
 		s.switchMu.RLock()
 		defer s.switchMu.RUnlock()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		s.mu.Lock()
-		cur, root, done := s.g, s.rootfs, s.destroyed
-		g, stale := s.spare, (*generation)(nil)
-		if g != nil && (g.parent != cur || !g.alive() || (s.spareRoot != "" && s.spareRoot != root)) {
-			g, stale = nil, g
-		}
-		if g != nil && s.spareRoot == root {
-			done = true
-		}
-		s.spare, s.spareRoot = nil, ""
-		s.mu.Unlock()
-		if stale != nil {
-			stale.release()
-		}
-		if done {
-			if g != nil {
-				s.giveBack(g, root)
-			}
+		g, groot, err := s.takeNext(ctx)
+		if err != nil {
 			return
 		}
-		if g == nil {
-			var err error
-			if g, err = s.rt.spawnGeneration(ctx, cur, s.cg, s.log); err != nil {
+		s.mu.Lock()
+		root := s.rootfs
+		s.mu.Unlock()
+		if groot != root { // not set up yet
+			if err := s.rt.configureInit(ctx, s, g, root); err != nil {
+				s.log.Debug("spare generation: setup failed", "err", err)
+				g.release()
 				return
 			}
+			s.mu.Lock()
+			n := len(s.sess)
+			s.mu.Unlock()
+			g.prehold(ctx, n)
 		}
-		if err := s.rt.configureInit(ctx, s, g, root); err != nil {
-			s.log.Debug("spare generation: setup failed", "err", err)
-			g.release()
-			return
-		}
-		s.mu.Lock()
-		n := len(s.sess)
-		s.mu.Unlock()
-		g.prehold(ctx, n)
 		s.giveBack(g, root)
-	}()
+	})
 }
 
 // rootLevel is the pid namespace level of the sandbox's tree's root
@@ -1138,13 +1117,23 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
 	defer ts.users.Done()
-	if !ts.Alive() {
-		prep.Release()
-		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
-	}
 	tr := newTrace(ctx)
 	defer tr.done(s.log, "restore templates")
 	next, target, prepared := prep.take(s, ts)
+	// Clones made ahead need their templates no more; otherwise every
+	// template must still be there, stopped, or nothing changes.
+	ready := prepared && prep.clonesReady()
+	if !ready && !ts.Alive() {
+		if prepared {
+			prep.dropClones()
+			next.release()
+			_ = layer.Unmount(target)
+			os.Remove(target)
+		} else {
+			prep.Release()
+		}
+		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
+	}
 	if !prepared {
 		prep.Release()
 		if next, err = ts.takeGeneration(ctx, s.cg, s.log); err != nil {
@@ -1181,12 +1170,12 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	s.sess, s.children = map[SessionKind]*session{}, map[string]cgroup.Cgroup{}
 	s.replay = map[SessionKind]string{}
 	spare := s.spare
-	s.spare = nil
+	s.spare, s.spareRoot = nil, ""
 	s.mu.Unlock()
 	tr.step("switch")
 	var fresh map[SessionKind]*session
 	var cerr error
-	if prepared && prep.clonesReady() {
+	if ready {
 		// Made ahead: they only have to run.
 		fresh = prep.sessions
 		s.mu.Lock()
