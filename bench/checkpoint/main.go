@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
@@ -47,11 +48,9 @@ func main() {
 }
 
 type row struct {
-	what       string
-	n          int
-	med, p95   time.Duration
-	lo, hi     time.Duration
-	samples    int
+	what string
+	n    int
+	stat.Summary
 	comparison string
 }
 
@@ -181,7 +180,7 @@ sync`, n)
 
 	fmt.Printf("%-20s %8s %10s %10s %10s %10s %5s  %s\n", "operation", "N", "median", "p95", "min", "max", "runs", "note")
 	for _, r := range rows {
-		fmt.Printf("%-20s %8d %10s %10s %10s %10s %5d  %s\n", r.what, r.n, ms(r.med), ms(r.p95), ms(r.lo), ms(r.hi), r.samples, r.comparison)
+		fmt.Printf("%-20s %8d %10s %10s %10s %10s %5d  %s\n", r.what, r.n, ms(r.Median), ms(r.P95), ms(r.Min), ms(r.Max), r.N, r.comparison)
 	}
 	fmt.Println("\ngoals: checkpoint <= 3 ms, restore <= 1 ms (p95 <= 2 ms), flat (<= 1.2x) from 1k to 100k files; 64 forks <= 100 ms")
 	fmt.Println("published: DeltaBox paper v2 checkpoint 10.83 ms, rollback 1.86 ms (v1: 14 ms, 5 ms)")
@@ -189,7 +188,7 @@ sync`, n)
 		var b strings.Builder
 		b.WriteString("operation,n,median_ms,p95_ms,min_ms,max_ms,runs\n")
 		for _, r := range rows {
-			fmt.Fprintf(&b, "%s,%d,%s,%s,%s,%s,%d\n", r.what, r.n, msn(r.med), msn(r.p95), msn(r.lo), msn(r.hi), r.samples)
+			fmt.Fprintf(&b, "%s,%d,%s,%s,%s,%s,%d\n", r.what, r.n, msn(r.Median), msn(r.P95), msn(r.Min), msn(r.Max), r.N)
 		}
 		if err := os.WriteFile(csvPath, []byte(b.String()), 0o644); err != nil {
 			return err
@@ -236,9 +235,7 @@ func baseline(dir string, runs int) (cp, tarT []time.Duration) {
 }
 
 func mk(what string, n int, d []time.Duration, note string) row {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return row{what: what, n: n, med: s[len(s)/2], p95: s[min(len(s)-1, len(s)*95/100)], lo: s[0], hi: s[len(s)-1], samples: len(s), comparison: note}
+	return row{what: what, n: n, Summary: stat.Summarize(d), comparison: note}
 }
 
 func ints(s string) []int {

@@ -21,12 +21,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/layer/probe"
 )
@@ -36,18 +36,8 @@ type result struct {
 	samples               []time.Duration
 }
 
-func (r result) median() time.Duration { return pct(r.samples, 50) }
-func (r result) p95() time.Duration    { return pct(r.samples, 95) }
-
-func pct(s []time.Duration, p int) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	c := slices.Clone(s)
-	slices.Sort(c)
-	i := (len(c)*p + 99) / 100
-	return c[max(0, min(len(c)-1, i-1))]
-}
+func (r result) median() time.Duration { return stat.Percentile(r.samples, 50) }
+func (r result) p95() time.Duration    { return stat.Percentile(r.samples, 95) }
 
 func main() {
 	var (

@@ -16,9 +16,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sort"
 	"time"
 
+	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
 )
@@ -142,8 +142,8 @@ func run(n, calls int, storage string, warmPool int) error {
 
 	fmt.Printf("%-28s %10s %10s %10s %10s\n", "operation", "median", "p95", "min", "max")
 	row := func(name string, d []time.Duration) {
-		med, p95, lo, hi := stats(d)
-		fmt.Printf("%-28s %10s %10s %10s %10s\n", name, ms(med), ms(p95), ms(lo), ms(hi))
+		st := stat.Summarize(d)
+		fmt.Printf("%-28s %10s %10s %10s %10s\n", name, ms(st.Median), ms(st.P95), ms(st.Min), ms(st.Max))
 	}
 	row("create (cold)", create)
 	if len(warmCreate) > 0 {
@@ -156,12 +156,6 @@ func run(n, calls int, storage string, warmPool int) error {
 	row("python session round trip", sess[sandbox.SessionPython])
 	fmt.Printf("\ngoal: create <= 10 ms median on this 2-core machine\n")
 	return nil
-}
-
-func stats(d []time.Duration) (med, p95, lo, hi time.Duration) {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2], s[(len(s)*95)/100], s[0], s[len(s)-1]
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }

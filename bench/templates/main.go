@@ -20,7 +20,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +27,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
@@ -75,18 +75,13 @@ for i in range(0, len(heap), 4096):
 n = 0`, mib, adv)
 }
 
-type stat struct{ med, p95, lo, hi time.Duration }
-
-func summarize(d []time.Duration) stat {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return stat{d[len(d)/2], d[(len(d)*95+99)/100-1], d[0], d[len(d)-1]}
+// summarize is a row's numbers: median, p95, min, max in milliseconds.
+func summarize(d []time.Duration) string {
+	s := stat.Summarize(d)
+	return fmt.Sprintf("%8.2f %8.2f %8.2f %8.2f", ms(s.Median), ms(s.P95), ms(s.Min), ms(s.Max))
 }
 
-func (s stat) String() string {
-	return fmt.Sprintf("%8.2f %8.2f %8.2f %8.2f", ms(s.med), ms(s.p95), ms(s.lo), ms(s.hi))
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+var ms = stat.Ms
 
 func run(heapList string, runs, forks int, think time.Duration) error {
 	ctx := context.Background()

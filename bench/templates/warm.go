@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/sandbox"
 	"github.com/deltabox/deltabox/internal/statemgr"
@@ -49,7 +50,7 @@ func warmCompare(ctx context.Context, root string, mib, runs int, think time.Dur
 	fmt.Printf("%-34s %s  page faults %v\n", "  first step, not warmed", cold, results[false].faults)
 	fmt.Printf("%-34s %s  page faults %v\n", "  first step, warmed ahead", warm, results[true].faults)
 	fmt.Printf("%-34s %s\n", "  the same step again (floor)", floor)
-	fmt.Printf("  warm / cold (medians): %.2f\n", float64(warm.med)/float64(cold.med))
+	fmt.Printf("  warm / cold (medians): %.2f\n", float64(stat.Summarize(results[true].first).Median)/float64(stat.Summarize(results[false].first).Median))
 	return nil
 }
 
