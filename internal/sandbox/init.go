@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -60,7 +61,7 @@ type initState struct {
 }
 
 func runInit() error {
-	tr := newTrace(nil)
+	tr := newTrace(context.Background())
 	os.Unsetenv(envInit)
 	// Nothing the daemon's process inherited may reach the workload: every
 	// fd but stdio and the control socket closes on exec.

@@ -20,7 +20,7 @@ type heldTemplates struct {
 	ts       *sandbox.Templates
 	retired  string // the sandbox's writable layer at the checkpoint: the templates' root, removed with the last of them once no sandbox has it
 	lastUsed time.Time
-	bytes    int64 // private memory, measured when made
+	bytes    int64 // private memory, as enforceBudget last measured it
 }
 
 // templatesOf returns a checkpoint's live templates, or nil and why they
@@ -50,9 +50,9 @@ func (m *Manager) templatesOf(ck *ckRecord) (*sandbox.Templates, string) {
 }
 
 // keepTemplates registers a checkpoint's templates and evicts the least
-// recently used ones past the memory budget.
+// recently used ones past the memory budget (which measures them all).
 func (m *Manager) keepTemplates(ckID string, ts *sandbox.Templates, retired string) {
-	h := &heldTemplates{ts: ts, retired: retired, lastUsed: time.Now(), bytes: ts.PrivateMemory()}
+	h := &heldTemplates{ts: ts, retired: retired, lastUsed: time.Now()}
 	m.mu.Lock()
 	m.tpl[ckID] = h
 	m.mu.Unlock()
