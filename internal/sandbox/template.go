@@ -1119,21 +1119,15 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	defer ts.users.Done()
 	tr := newTrace(ctx)
 	defer tr.done(s.log, "restore templates")
-	next, target, prepared := prep.take(s, ts)
 	// Clones made ahead need their templates no more; otherwise every
 	// template must still be there, stopped, or nothing changes.
-	ready := prepared && prep.clonesReady()
+	ready := prep != nil && prep.clonesReady()
 	if !ready && !ts.Alive() {
-		if prepared {
-			prep.dropClones()
-			next.release()
-			_ = layer.Unmount(target)
-			os.Remove(target)
-		} else {
-			prep.Release()
-		}
+		prep.Release()
 		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
+	next, target, prepared := prep.take(s, ts)
+	ready = ready && prepared
 	if !prepared {
 		prep.Release()
 		if next, err = ts.takeGeneration(ctx, s.cg, s.log); err != nil {
