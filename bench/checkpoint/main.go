@@ -28,12 +28,13 @@ import (
 	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/sandbox/initproc"
 	"github.com/deltabox/deltabox/internal/statemgr"
 )
 
 func main() {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
+	if initproc.IsInit() {
+		initproc.Run()
 	}
 	files := flag.String("files", "1000,10000,100000", "workspace sizes, in files")
 	runs := flag.Int("runs", 20, "checkpoints and restores per size")

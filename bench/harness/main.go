@@ -23,14 +23,14 @@ import (
 
 	"github.com/deltabox/deltabox/harness"
 	"github.com/deltabox/deltabox/internal/daemon"
-	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/sandbox/initproc"
 	"github.com/deltabox/deltabox/internal/statemgr"
 	deltabox "github.com/deltabox/deltabox/sdk"
 )
 
 func main() {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
+	if initproc.IsInit() {
+		initproc.Run()
 	}
 	jobs := flag.Int("jobs", 256, "jobs per run")
 	parallel := flag.String("parallel", "8,32,64", "MaxParallel values")

@@ -20,12 +20,13 @@ import (
 
 	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/sandbox/initproc"
 	"github.com/deltabox/deltabox/internal/statemgr"
 )
 
 func main() {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
+	if initproc.IsInit() {
+		initproc.Run()
 	}
 	n := flag.Int("n", 100, "sandboxes to create, exec in and delete")
 	calls := flag.Int("calls", 200, "session round trips per kind")

@@ -30,12 +30,13 @@ import (
 	"github.com/deltabox/deltabox/bench/internal/stat"
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/sandbox/initproc"
 	"github.com/deltabox/deltabox/internal/statemgr"
 )
 
 func main() {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
+	if initproc.IsInit() {
+		initproc.Run()
 	}
 	heaps := flag.String("heaps", "10,200,1024", "python heap sizes, in MiB")
 	runs := flag.Int("runs", 10, "checkpoints and restores per heap")

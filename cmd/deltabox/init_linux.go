@@ -2,12 +2,12 @@
 
 package main
 
-import "github.com/deltabox/deltabox/internal/sandbox"
+import "github.com/deltabox/deltabox/internal/sandbox/initproc"
 
 // maybeRunSandboxInit runs the sandbox init (and never returns) when the
 // daemon re-executed this binary as one.
 func maybeRunSandboxInit() {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
+	if initproc.IsInit() {
+		initproc.Run()
 	}
 }

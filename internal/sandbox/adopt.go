@@ -17,6 +17,7 @@ import (
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/procfs"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // Templates outlive the daemon. A generation that holds templates, and each
@@ -78,7 +79,7 @@ func (r *Runtime) persist(ctx context.Context, g *generation) error {
 			err = unix.Listen(fd, 4)
 		}
 		if err == nil {
-			_, err = g.request(ctx, message{Op: opPersist}, lis)
+			_, err = g.request(ctx, initproto.Message{Op: initproto.OpPersist}, lis)
 		}
 		lis.Close()
 		if err != nil {
@@ -209,7 +210,7 @@ func (r *Runtime) adoptGeneration(ctx context.Context, rec GenRecord, parent *ge
 		return nil, fmt.Errorf("adopt generation %d: connect: %w", rec.Pid, err)
 	}
 	f := os.NewFile(uintptr(fd), "control")
-	c, err := newConn(f)
+	c, err := initproto.NewConn(f)
 	f.Close()
 	if err != nil {
 		return nil, err

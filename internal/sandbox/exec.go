@@ -17,6 +17,7 @@ import (
 
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // Exit codes of commands that did not exit by themselves, as coreutils'
@@ -111,15 +112,15 @@ func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, key string
 		}
 	}()
 
-	req := &spawnReq{Argv: argv, Env: env, Cwd: cwd, Cgroup: true, V2: cg.Version() == 2}
+	req := &initproto.SpawnReq{Argv: argv, Env: env, Cwd: cwd, Cgroup: true, V2: cg.Version() == 2}
 	s.switchMu.RLock()
 	defer s.switchMu.RUnlock()
 	g := s.cur()
-	reply, err := g.request(ctx, message{Op: opSpawn, Spawn: req}, childIn, outW, errW, tasks)
+	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpSpawn, Spawn: req}, childIn, outW, errW, tasks)
 	if err != nil {
 		return nil, classifySpawnError(err)
 	}
-	if reply.Op != opSpawned || reply.Pid <= 1 {
+	if reply.Op != initproto.OpSpawned || reply.Pid <= 1 {
 		return nil, fmt.Errorf("spawn: unexpected answer %q", reply.Op)
 	}
 	p.pid = reply.Pid

@@ -16,6 +16,7 @@ import (
 
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/procfs"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // A generation is one of our inits and the namespaces it is pid 1 of: a pid
@@ -41,16 +42,16 @@ type generation struct {
 	parent  *generation // nil for a root
 	cmd     *exec.Cmd   // a root's init is the daemon's child
 	pidfd   int         // a nested init is not: it is signalled through a pidfd
-	c       *conn
+	c       *initproto.Conn
 	log     *slog.Logger
 	onFree  []func() // run after the init died (its root's mount, its cgroup)
 
 	mu      sync.Mutex // guards the fields below
 	nextID  uint64
-	pending map[uint64]chan message // request ID -> answer
-	waiters map[int]chan int        // pid (in this generation's namespace) -> wait status
-	early   map[int]int             // exits of our spawns that arrived before their waiter
-	hello   chan int                // the init's host pid, from its first message's credentials
+	pending map[uint64]chan initproto.Message // request ID -> answer
+	waiters map[int]chan int                  // pid (in this generation's namespace) -> wait status
+	early   map[int]int                       // exits of our spawns that arrived before their waiter
+	hello   chan int                          // the init's host pid, from its first message's credentials
 	dead    bool
 	deadCh  chan struct{}
 	refs    int
@@ -66,7 +67,7 @@ const MaxPidNSLevel = 32
 func newGeneration(parent *generation, log *slog.Logger) *generation {
 	g := &generation{
 		parent: parent, pidfd: -1, log: log, refs: 1,
-		pending: map[uint64]chan message{}, waiters: map[int]chan int{}, early: map[int]int{},
+		pending: map[uint64]chan initproto.Message{}, waiters: map[int]chan int{}, early: map[int]int{},
 		hello: make(chan int, 1), deadCh: make(chan struct{}),
 	}
 	if parent != nil {
@@ -85,7 +86,7 @@ func ownLevel() (int, error) {
 }
 
 // start runs the read loop; the generation owns c from here on.
-func (g *generation) start(c *conn) {
+func (g *generation) start(c *initproto.Conn) {
 	g.c = c
 	go g.readLoop()
 }
@@ -95,19 +96,19 @@ func (g *generation) readLoop() {
 	defer g.c.Close()
 	for {
 		m, files, err := g.c.Recv()
-		closeFiles(files) // the init never sends files; drop any it forges
+		initproto.CloseFiles(files) // the init never sends files; drop any it forges
 		if err != nil {
 			g.markDead()
 			return
 		}
 		g.mu.Lock()
 		switch {
-		case m.Op == opHello:
+		case m.Op == initproto.OpHello:
 			select {
-			case g.hello <- m.peerPid:
+			case g.hello <- m.PeerPid:
 			default:
 			}
-		case m.Op == opExited:
+		case m.Op == initproto.OpExited:
 			if ch, ok := g.waiters[m.Pid]; ok {
 				ch <- m.Status
 				delete(g.waiters, m.Pid)
@@ -145,12 +146,12 @@ func (g *generation) alive() bool {
 }
 
 // request sends m and waits for the init's answer.
-func (g *generation) request(ctx context.Context, m message, files ...*os.File) (message, error) {
-	ch := make(chan message, 1)
+func (g *generation) request(ctx context.Context, m initproto.Message, files ...*os.File) (initproto.Message, error) {
+	ch := make(chan initproto.Message, 1)
 	g.mu.Lock()
 	if g.dead {
 		g.mu.Unlock()
-		return message{}, fmt.Errorf("init %d is not running: %w", g.hostPid, errdefs.ErrFailedPrecondition)
+		return initproto.Message{}, fmt.Errorf("init %d is not running: %w", g.hostPid, errdefs.ErrFailedPrecondition)
 	}
 	g.nextID++
 	m.ID = g.nextID
@@ -160,21 +161,21 @@ func (g *generation) request(ctx context.Context, m message, files ...*os.File) 
 		g.mu.Lock()
 		delete(g.pending, m.ID)
 		g.mu.Unlock()
-		return message{}, fmt.Errorf("send to init: %w", err)
+		return initproto.Message{}, fmt.Errorf("send to init: %w", err)
 	}
 	select {
 	case r := <-ch:
-		if r.Op == opError {
+		if r.Op == initproto.OpError {
 			return r, errors.New(r.Err)
 		}
 		return r, nil
 	case <-g.deadCh:
-		return message{}, fmt.Errorf("init %d exited: %w", g.hostPid, errdefs.ErrUnavailable)
+		return initproto.Message{}, fmt.Errorf("init %d exited: %w", g.hostPid, errdefs.ErrUnavailable)
 	case <-ctx.Done():
 		g.mu.Lock()
 		delete(g.pending, m.ID)
 		g.mu.Unlock()
-		return message{}, ctx.Err()
+		return initproto.Message{}, ctx.Err()
 	}
 }
 
@@ -291,7 +292,7 @@ func (r *Runtime) spawnGeneration(ctx context.Context, parent *generation, cg cg
 	}
 	ours := os.NewFile(uintptr(fds[0]), "control")
 	theirs := os.NewFile(uintptr(fds[1]), "control-init")
-	c, err := newConn(ours)
+	c, err := initproto.NewConn(ours)
 	ours.Close()
 	if err != nil {
 		theirs.Close()
@@ -307,7 +308,7 @@ func (r *Runtime) spawnGeneration(ctx context.Context, parent *generation, cg cg
 			}
 		}
 	}()
-	_, err = parent.request(ctx, message{Op: opGenerate}, theirs)
+	_, err = parent.request(ctx, initproto.Message{Op: initproto.OpGenerate}, theirs)
 	theirs.Close()
 	if err != nil {
 		return nil, fmt.Errorf("start a child generation: %w", err)

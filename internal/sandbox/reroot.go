@@ -13,6 +13,7 @@ import (
 	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // Reroot replaces the sandbox's root filesystem with the view of another
@@ -82,7 +83,7 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	defer tree.Close()
 
 	// 3. The init pivots into it.
-	if _, err := s.request(ctx, message{Op: opReroot}, tree); err != nil {
+	if _, err := s.request(ctx, initproto.Message{Op: initproto.OpReroot}, tree); err != nil {
 		_ = layer.Unmount(target)
 		os.Remove(target)
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, err)

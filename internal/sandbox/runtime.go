@@ -9,9 +9,10 @@
 // A sandbox is one isolated environment: user, mount, pid, net, uts, ipc and
 // cgroup namespaces, a cgroup, a root filesystem (an overlay of the sandbox's
 // active layer over the image's lowers, which are idmapped into its user
-// namespace), and processes. Its pid 1 is our init (a re-execution of the
-// DeltaBox binary, see RunInit), which reaps and starts processes at the
-// daemon's request over a control socket.
+// namespace), and processes. Its pid 1 is our init (package initproc:
+// deltabox-init, or a re-execution of the running binary), which reaps and
+// starts processes at the daemon's request over a control socket (package
+// initproto).
 //
 // # Lifecycle
 //
@@ -45,6 +46,10 @@ import (
 	"github.com/deltabox/deltabox/internal/inject"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+	"github.com/deltabox/deltabox/internal/sandbox/initproc"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
+	"github.com/deltabox/deltabox/internal/sandbox/seccomp"
+	"github.com/deltabox/deltabox/internal/sandbox/seccomp/filter"
 )
 
 // IDMap places a sandbox's ids on the host: id n inside is HostBase+n.
@@ -80,7 +85,8 @@ type Runtime struct {
 	// background).
 	turns    chan struct{}
 	seccomp  bool
-	cgParent string // cgroup parent directory, in every hierarchy
+	filter   filter.Filter // the workload's seccomp filter, compiled once (nil without seccomp)
+	cgParent string        // cgroup parent directory, in every hierarchy
 	log      *slog.Logger
 
 	tracerOnce sync.Once
@@ -147,6 +153,13 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 	}
 	r.resolveInit()
 	r.turns = make(chan struct{}, max(1, runtime.NumCPU()/2))
+	if r.seccomp {
+		f, err := seccomp.Compile(seccomp.Default())
+		if err != nil {
+			return nil, err
+		}
+		r.filter = f
+	}
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
@@ -386,7 +399,7 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 	defer theirs.Close()
 	cmd := exec.Command(r.exe)
 	cmd.Args = []string{"deltabox-init"}
-	cmd.Env = []string{envInit + "=1"}
+	cmd.Env = []string{initproc.EnvInit + "=1"}
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -413,7 +426,7 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 	g := newGeneration(nil, sb.log)
 	g.cmd, g.hostPid, g.level = cmd, cmd.Process.Pid, level+1
 	sb.g = g
-	c, err := newConn(ours)
+	c, err := initproto.NewConn(ours)
 	ours.Close()
 	if err != nil {
 		g.kill()
@@ -450,12 +463,12 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, g *generation,
 		files = append(files, home)
 		defer home.Close()
 	}
-	cfg := &initConfig{Hostname: sb.hostname, Seccomp: r.seccomp}
-	reply, err := g.request(ctx, message{Op: opConfig, Config: cfg}, files...)
+	cfg := &initproto.Config{Hostname: sb.hostname, Seccomp: r.filter}
+	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpConfig, Config: cfg}, files...)
 	if err != nil {
 		return fmt.Errorf("init setup: %w", err)
 	}
-	if reply.Op != opReady {
+	if reply.Op != initproto.OpReady {
 		return fmt.Errorf("init setup: unexpected %q", reply.Op)
 	}
 	sb.log.Debug("init ready", "steps", reply.Trace)
@@ -498,7 +511,7 @@ func idmapMount(dir, target string, userns *os.File) error {
 func (s *Sandbox) Alive() bool { return s.cur().alive() }
 
 // request sends m to the live generation's init and waits for its answer.
-func (s *Sandbox) request(ctx context.Context, m message, files ...*os.File) (message, error) {
+func (s *Sandbox) request(ctx context.Context, m initproto.Message, files ...*os.File) (initproto.Message, error) {
 	r, err := s.cur().request(ctx, m, files...)
 	if err != nil && errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return r, fmt.Errorf("sandbox %q is not running: %w", s.id, errdefs.ErrFailedPrecondition)

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // stdio is a set of fresh pipes for one clone of a template: the daemon
@@ -21,7 +23,7 @@ type stdio struct {
 func (g *generation) holdStdio(ctx context.Context) (*stdio, error) {
 	st := &stdio{}
 	var theirs [3]*os.File
-	defer closeFiles(theirs[:])
+	defer initproto.CloseFiles(theirs[:])
 	for i := range theirs {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -33,7 +35,7 @@ func (g *generation) holdStdio(ctx context.Context) (*stdio, error) {
 		}
 		st.ours[i], theirs[i] = r, w
 	}
-	held, err := g.request(ctx, message{Op: opHold}, theirs[:]...)
+	held, err := g.request(ctx, initproto.Message{Op: initproto.OpHold}, theirs[:]...)
 	if err == nil && len(held.Fds) != 3 {
 		err = fmt.Errorf("init holds %d fds", len(held.Fds))
 	}
@@ -85,7 +87,7 @@ func (g *generation) takeStdio(ctx context.Context) (*stdio, error) {
 
 // letGo has g's init close its fds of st (the clone has its own now).
 func (g *generation) letGo(st *stdio) {
-	_ = g.c.Send(message{Op: opRelease, Fds: st.fds})
+	_ = g.c.Send(initproto.Message{Op: initproto.OpRelease, Fds: st.fds})
 }
 
 // dropStdio closes the daemon's ends of the sets nobody took; the init's
@@ -100,4 +102,4 @@ func (g *generation) dropStdio() {
 	}
 }
 
-func (st *stdio) close() { closeFiles(st.ours[:]) }
+func (st *stdio) close() { initproto.CloseFiles(st.ours[:]) }

@@ -5,6 +5,7 @@ package statemgr_test
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -526,6 +527,19 @@ func TestGenerationsBootFromTheInitBinary(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build deltabox-init: %v\n%s", err, out)
 	}
+	// A nested generation's init is executed inside the sandbox's root,
+	// whose image may have no glibc loader: it must be static, whatever
+	// CGO_ENABLED says (it links no package that needs cgo).
+	exe, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range exe.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("deltabox-init is dynamically linked (it has an ELF interpreter)")
+		}
+	}
+	exe.Close()
 	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { o.InitBinary = bin })
 	inits := func(id string) {
 		t.Helper()

@@ -19,10 +19,10 @@
 //
 // # Applying
 //
-// The sandbox's init, a multi-threaded Go process, calls [Apply] on itself
-// after its mount setup: it sets no_new_privs and installs the filter with
-// SECCOMP_FILTER_FLAG_TSYNC so that every thread, and every process forked
-// afterwards, is filtered. A filter can never be removed.
+// The daemon compiles the policy once ([Compile]) and hands the filter to
+// every sandbox's init, which installs it (package filter) on the thread
+// that forks each process it starts: the workload is filtered, the init
+// stays free to change its own mounts. A filter can never be removed.
 //
 // The filter is assembled by github.com/elastic/go-seccomp-bpf, behind an
 // architecture check of our own: the library's own check lets calls of a
@@ -32,7 +32,6 @@ package seccomp
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"unsafe"
 
@@ -42,6 +41,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/errdefs"
+	"github.com/deltabox/deltabox/internal/sandbox/seccomp/filter"
 )
 
 // Rule is one row of the policy table: a denied system call and why.
@@ -225,13 +225,9 @@ func littleEndian() bool {
 // Apply installs the default policy on the calling process: see ApplyPolicy.
 func Apply() error { return ApplyPolicy(Default()) }
 
-// Program is a policy compiled to a loadable filter.
-type Program struct {
-	filter []unix.SockFilter
-}
-
-// Compile assembles p once, for loading many times.
-func Compile(p Policy) (*Program, error) {
+// Compile assembles p into a filter, once, for loading many times (by
+// sandboxes' inits, which receive it from the daemon).
+func Compile(p Policy) (filter.Filter, error) {
 	insts, err := p.Assemble()
 	if err != nil {
 		return nil, err
@@ -240,51 +236,21 @@ func Compile(p Policy) (*Program, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: assemble: %w: %w", err, errdefs.ErrInternal)
 	}
-	filter := make([]unix.SockFilter, len(raw))
+	f := make(filter.Filter, len(raw))
 	for i, r := range raw {
-		filter[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+		f[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
 	}
-	return &Program{filter: filter}, nil
+	return f, nil
 }
 
 // ApplyPolicy sets no_new_privs and installs p on every thread of the
-// calling process (TSYNC); children forked afterwards inherit both. It fails
-// if a thread cannot be synchronized (one already has a diverging filter).
+// calling process (see filter.Filter.Process).
 func ApplyPolicy(p Policy) error {
-	prog, err := Compile(p)
+	f, err := Compile(p)
 	if err != nil {
 		return err
 	}
-	// no_new_privs is per thread until TSYNC copies it with the filter:
-	// both calls must come from the same thread.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return prog.load(unix.SECCOMP_FILTER_FLAG_TSYNC)
-}
-
-// ApplyThread sets no_new_privs and installs the filter on the calling OS
-// thread only; processes that thread forks afterwards inherit both, the
-// rest of the process does not. The caller must have locked the goroutine
-// to its thread (runtime.LockOSThread) and must never unlock it: the thread
-// is then destroyed with the goroutine, so no other goroutine runs filtered.
-// This is how a sandbox's init filters the workload it starts while staying
-// free to change its own mounts.
-func (p *Program) ApplyThread() error { return p.load(0) }
-
-func (p *Program) load(flags uintptr) error {
-	prog := unix.SockFprog{Len: uint16(len(p.filter)), Filter: &p.filter[0]}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("seccomp: set no_new_privs: %w: %w", err, errdefs.ErrUnavailable)
-	}
-	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog)))
-	runtime.KeepAlive(p.filter)
-	if errno != 0 {
-		return fmt.Errorf("seccomp: install filter: %w: %w", errno, errdefs.ErrUnavailable)
-	}
-	if r != 0 {
-		return fmt.Errorf("seccomp: install filter: thread %d cannot be synchronized: %w", r, errdefs.ErrFailedPrecondition)
-	}
-	return nil
+	return f.Process()
 }
 
 // Supported reports whether the kernel can filter system calls.

@@ -13,7 +13,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/deltabox/deltabox/internal/sandbox"
+	"github.com/deltabox/deltabox/internal/sandbox/initproc"
 	"github.com/deltabox/deltabox/internal/statemgr"
 	"github.com/deltabox/deltabox/internal/testutil"
 )
@@ -25,8 +25,8 @@ import (
 // Re-executed as a sandbox's init, the binary runs the init and never the
 // tests; after the tests it removes this process's cgroup parent.
 func Main(m *testing.M) {
-	if sandbox.IsInit() {
-		sandbox.RunInit()
+	if initproc.IsInit() {
+		initproc.Run()
 	}
 	code := m.Run()
 	testutil.RemoveCgroupParent()

@@ -1,9 +1,14 @@
 //go:build linux
 
-package sandbox
+// Package initproc is a sandbox's init: pid 1 of each of its generations,
+// run by cmd/deltabox-init (or a re-execution of any binary that starts
+// sandboxes, see IsInit). It talks to the daemon (package sandbox) over
+// package initproto. It links as little as it can: every checkpoint
+// generation, restore and fork boots one, and a Go binary's boot cost grows
+// with the packages it initialises.
+package initproc
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,31 +18,34 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/deltabox/deltabox/internal/sandbox/seccomp"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
+	"github.com/deltabox/deltabox/internal/sandbox/seccomp/filter"
 )
 
-// envInit marks a re-execution of the DeltaBox binary as a sandbox's init.
-const envInit = "_DELTABOX_INIT"
+// EnvInit marks a re-execution of the DeltaBox binary as a sandbox's init.
+const EnvInit = "_DELTABOX_INIT"
 
 // IsInit reports whether this process was started as a sandbox's init. Every
 // binary that starts sandboxes (the daemon, and test binaries, which re-exec
 // themselves) calls it first thing in main or TestMain:
 //
-//	if sandbox.IsInit() { sandbox.RunInit() }
-func IsInit() bool { return os.Getenv(envInit) == "1" }
+//	if initproc.IsInit() { initproc.Run() }
+func IsInit() bool { return os.Getenv(EnvInit) == "1" }
 
-// RunInit runs the sandbox's init and never returns. The init is pid 1 of the
+// Run runs the sandbox's init and never returns. The init is pid 1 of the
 // sandbox's pid namespace: it sets up the root filesystem (pivot_root into
-// it, /proc, /dev, /sys, masked paths), brings up loopback, applies the
-// seccomp filter to itself, then starts processes at the daemon's request
-// and reports their exits, reaping every orphan. When the daemon's end of the
-// control socket closes, it exits, and the kernel kills the whole sandbox.
-func RunInit() {
+// it, /proc, /dev, /sys, masked paths), brings up loopback, then starts
+// processes at the daemon's request, each under the seccomp filter the
+// daemon sent, and reports their exits, reaping every orphan. When the
+// daemon's end of the control socket closes, it exits, and the kernel kills
+// the whole sandbox.
+func Run() {
 	err := runInit()
-	if errors.Is(err, errClosed) {
+	if errors.Is(err, initproto.ErrClosed) {
 		os.Exit(0) // the daemon let go of the sandbox: the normal end
 	}
 	fmt.Fprintf(os.Stderr, "deltabox init: %v\n", err)
@@ -46,30 +54,30 @@ func RunInit() {
 
 type initState struct {
 	cmu      sync.Mutex // guards c, which a reconnect replaces
-	c        *conn
-	listener int      // opPersist: where the next daemon connects; -1 when the init dies with its daemon
+	c        *initproto.Conn
+	listener int      // persist: where the next daemon connects; -1 when the init dies with its daemon
 	home     *os.File // the sandbox cgroup's v1 "tasks" file: spawning threads return there
 	// filter is the workload's seccomp filter. The init itself is not
 	// filtered (it replaces its root on restore); each process it starts is
 	// forked from a throwaway thread that loaded the filter.
-	filter *seccomp.Program
+	filter filter.Filter
 
 	mu       sync.Mutex // guards children; held across fork and register so the reaper cannot miss an exit
 	children map[int]bool
 
-	held map[int]*os.File // files kept for a template's clone (opHold); used by the main loop only
+	held map[int]*os.File // files kept for a template's clone (hold); used by the main loop only
 }
 
 func runInit() error {
-	tr := newTrace(context.Background())
-	os.Unsetenv(envInit)
+	tr := newSteps()
+	os.Unsetenv(EnvInit)
 	// Nothing the daemon's process inherited may reach the workload: every
 	// fd but stdio and the control socket closes on exec.
 	if err := unix.CloseRange(4, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("mark inherited fds close-on-exec: %w", err)
 	}
 	ctl := os.NewFile(3, "control")
-	c, err := newConn(ctl)
+	c, err := initproto.NewConn(ctl)
 	if err != nil {
 		return err
 	}
@@ -77,7 +85,7 @@ func runInit() error {
 	st := &initState{c: c, listener: -1, children: map[int]bool{}, held: map[int]*os.File{}}
 	// Unasked: a nested init's daemon learns our host pid from this
 	// message's credentials.
-	if err := c.Send(message{Op: opHello}); err != nil {
+	if err := c.Send(initproto.Message{Op: initproto.OpHello}); err != nil {
 		return err
 	}
 
@@ -85,9 +93,9 @@ func runInit() error {
 	if err != nil {
 		return fmt.Errorf("receive config: %w", err)
 	}
-	if m.Op != opConfig || m.Config == nil {
-		closeFiles(files)
-		return fmt.Errorf("first message is %q, want %q", m.Op, opConfig)
+	if m.Op != initproto.OpConfig || m.Config == nil {
+		initproto.CloseFiles(files)
+		return fmt.Errorf("first message is %q, want %q", m.Op, initproto.OpConfig)
 	}
 	// The config carries the detached root mount and, on cgroup v1, the
 	// sandbox cgroup's tasks file.
@@ -97,34 +105,24 @@ func runInit() error {
 	tree := files[0]
 	if len(files) > 1 {
 		st.home = files[1]
-		closeFiles(files[2:])
+		initproto.CloseFiles(files[2:])
 	}
 	tr.step("boot")
 	err = setupRoot(m.Config, tree)
 	tree.Close()
 	tr.step("root")
 	if err != nil {
-		_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+		_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: err.Error()})
 		return err
 	}
-	if m.Config.Seccomp {
-		// Compiled once; loaded on each spawning thread (see spawn).
-		prog, err := seccomp.Compile(seccomp.Default())
-		if err != nil {
-			err = fmt.Errorf("seccomp: %w", err)
-			_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
-			return err
-		}
-		st.filter = prog
-		tr.step("seccomp")
-	}
+	st.filter = m.Config.Seccomp
 	// SIGCHLD is delivered to the reaper; every other signal the kernel
 	// sends to a pid 1 from inside its namespace is ignored unless handled.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, unix.SIGCHLD)
 	go st.reap(sigs)
 	tr.step("reaper")
-	if err := c.Send(message{Op: opReady, ID: m.ID, Trace: strings.Join(tr.steps, " ")}); err != nil {
+	if err := c.Send(initproto.Message{Op: initproto.OpReady, ID: m.ID, Trace: tr.String()}); err != nil {
 		return err
 	}
 	for {
@@ -140,77 +138,77 @@ func runInit() error {
 		}
 		if err != nil {
 			// The daemon is gone: take the sandbox down with us.
-			if errors.Is(err, errClosed) {
+			if errors.Is(err, initproto.ErrClosed) {
 				return err
 			}
 			return fmt.Errorf("control connection: %w", err)
 		}
 		switch m.Op {
-		case opSpawn:
+		case initproto.OpSpawn:
 			if m.Spawn != nil && m.Spawn.Cgroup && !m.Spawn.V2 && st.home == nil {
-				closeFiles(files)
-				_ = c.Send(message{Op: opError, ID: m.ID, Err: "spawn: no home cgroup to return to"})
+				initproto.CloseFiles(files)
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "spawn: no home cgroup to return to"})
 				continue
 			}
 			go st.spawn(m, files)
-		case opReroot:
+		case initproto.OpReroot:
 			if len(files) != 1 {
-				closeFiles(files)
-				_ = c.Send(message{Op: opError, ID: m.ID, Err: "reroot: want one file"})
+				initproto.CloseFiles(files)
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "reroot: want one file"})
 				continue
 			}
 			err := reroot(files[0])
 			files[0].Close()
 			if err != nil {
-				_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: err.Error()})
 				continue
 			}
-			_ = c.Send(message{Op: opReady, ID: m.ID})
-		case opGenerate:
+			_ = c.Send(initproto.Message{Op: initproto.OpReady, ID: m.ID})
+		case initproto.OpGenerate:
 			if len(files) != 1 {
-				closeFiles(files)
-				_ = c.Send(message{Op: opError, ID: m.ID, Err: "generate: want one file"})
+				initproto.CloseFiles(files)
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "generate: want one file"})
 				continue
 			}
 			go st.generate(m, files[0])
-		case opPersist:
+		case initproto.OpPersist:
 			if len(files) != 1 || st.listener >= 0 {
-				closeFiles(files)
-				_ = c.Send(message{Op: opError, ID: m.ID, Err: "persist: want one listening socket, once"})
+				initproto.CloseFiles(files)
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "persist: want one listening socket, once"})
 				continue
 			}
 			fd, err := unix.Dup(int(files[0].Fd()))
 			files[0].Close()
 			if err != nil {
-				_ = c.Send(message{Op: opError, ID: m.ID, Err: err.Error()})
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: err.Error()})
 				continue
 			}
 			unix.CloseOnExec(fd)
 			st.listener = fd
-			_ = c.Send(message{Op: opReady, ID: m.ID})
-		case opHold:
+			_ = c.Send(initproto.Message{Op: initproto.OpReady, ID: m.ID})
+		case initproto.OpHold:
 			fds := make([]int, len(files))
 			for i, f := range files {
 				fds[i] = int(f.Fd())
 				st.held[fds[i]] = f
 			}
-			_ = c.Send(message{Op: opReady, ID: m.ID, Fds: fds})
-		case opRelease:
-			closeFiles(files)
+			_ = c.Send(initproto.Message{Op: initproto.OpReady, ID: m.ID, Fds: fds})
+		case initproto.OpRelease:
+			initproto.CloseFiles(files)
 			for _, fd := range m.Fds {
 				if f, ok := st.held[fd]; ok {
 					f.Close()
 					delete(st.held, fd)
 				}
 			}
-		case opSignal:
-			closeFiles(files)
+		case initproto.OpSignal:
+			initproto.CloseFiles(files)
 			if m.Pid > 1 {
 				_ = unix.Kill(m.Pid, unix.Signal(m.Signal))
 			}
 		default:
-			closeFiles(files)
-			_ = c.Send(message{Op: opError, ID: m.ID, Err: "unknown op " + m.Op})
+			initproto.CloseFiles(files)
+			_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "unknown op " + m.Op})
 		}
 	}
 }
@@ -222,10 +220,10 @@ func runInit() error {
 // (no shim binary to exec inside the sandbox, whose libc may differ) and
 // race-free (the command cannot fork before it is in its cgroup). On v2,
 // clone3's CLONE_INTO_CGROUP does the same.
-func (st *initState) spawn(m message, files []*os.File) {
-	defer closeFiles(files)
+func (st *initState) spawn(m initproto.Message, files []*os.File) {
+	defer initproto.CloseFiles(files)
 	req := m.Spawn
-	fail := func(err error) { _ = st.send(message{Op: opError, ID: m.ID, Err: err.Error()}) }
+	fail := func(err error) { _ = st.send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: err.Error()}) }
 	if req == nil || len(req.Argv) == 0 {
 		fail(errors.New("spawn: no command"))
 		return
@@ -267,7 +265,7 @@ func (st *initState) spawn(m message, files []*os.File) {
 	// runs filtered or in the exec cgroup.
 	runtime.LockOSThread()
 	if st.filter != nil {
-		if err := st.filter.ApplyThread(); err != nil {
+		if err := st.filter.Thread(); err != nil {
 			fail(fmt.Errorf("spawn: %w", err))
 			return
 		}
@@ -305,11 +303,11 @@ func (st *initState) spawn(m message, files []*os.File) {
 		fail(fmt.Errorf("spawn %q: %w", req.Argv[0], err))
 		return
 	}
-	_ = st.send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+	_ = st.send(initproto.Message{Op: initproto.OpSpawned, ID: m.ID, Pid: pid})
 }
 
 // send sends m on the current control connection.
-func (st *initState) send(m message) error {
+func (st *initState) send(m initproto.Message) error {
 	st.cmu.Lock()
 	c := st.c
 	st.cmu.Unlock()
@@ -319,7 +317,7 @@ func (st *initState) send(m message) error {
 // accept waits for the next daemon on the listener and makes its connection
 // the control connection. What the init reported meanwhile (exits) is lost:
 // the new daemon re-adopts templates, whose state does not depend on it.
-func (st *initState) accept() (*conn, error) {
+func (st *initState) accept() (*initproto.Conn, error) {
 	for {
 		fd, _, err := unix.Accept4(st.listener, unix.SOCK_CLOEXEC)
 		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.ECONNABORTED) {
@@ -329,12 +327,12 @@ func (st *initState) accept() (*conn, error) {
 			return nil, fmt.Errorf("accept a daemon: %w", err)
 		}
 		f := os.NewFile(uintptr(fd), "control")
-		c, err := newConn(f)
+		c, err := initproto.NewConn(f)
 		f.Close()
 		if err != nil {
 			return nil, err
 		}
-		if err := c.Send(message{Op: opHello}); err != nil {
+		if err := c.Send(initproto.Message{Op: initproto.OpHello}); err != nil {
 			c.Close()
 			continue
 		}
@@ -351,16 +349,16 @@ func (st *initState) accept() (*conn, error) {
 // namespace nests under: it must be the caller's active one, which is why
 // the parent generation's init, not the daemon, starts it. The new init
 // talks to the daemon over ctl and waits for its config, as a root init does.
-func (st *initState) generate(m message, ctl *os.File) {
+func (st *initState) generate(m initproto.Message, ctl *os.File) {
 	defer ctl.Close()
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		_ = st.send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
+		_ = st.send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
 		return
 	}
 	defer null.Close()
 	attr := &syscall.ProcAttr{
-		Env:   []string{envInit + "=1"},
+		Env:   []string{EnvInit + "=1"},
 		Files: []uintptr{null.Fd(), os.Stderr.Fd(), os.Stderr.Fd(), ctl.Fd()},
 		Sys: &syscall.SysProcAttr{
 			Setsid: true,
@@ -370,10 +368,10 @@ func (st *initState) generate(m message, ctl *os.File) {
 	}
 	pid, err := syscall.ForkExec("/proc/self/exe", []string{"deltabox-init"}, attr)
 	if err != nil {
-		_ = st.send(message{Op: opError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
+		_ = st.send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: fmt.Sprintf("generate: %v", err)})
 		return
 	}
-	_ = st.send(message{Op: opSpawned, ID: m.ID, Pid: pid})
+	_ = st.send(initproto.Message{Op: initproto.OpSpawned, ID: m.ID, Pid: pid})
 }
 
 // reap reaps every child on SIGCHLD and reports the exits of the processes
@@ -393,7 +391,7 @@ func (st *initState) reap(sigs <-chan os.Signal) {
 			st.mu.Unlock()
 			// Orphans include the clones of templates, which are our
 			// children by clone(CLONE_PARENT): the daemon waits for them.
-			_ = st.send(message{Op: opExited, Pid: pid, Status: int(ws), Orphan: !ours})
+			_ = st.send(initproto.Message{Op: initproto.OpExited, Pid: pid, Status: int(ws), Orphan: !ours})
 		}
 	}
 }
@@ -417,3 +415,20 @@ func lookPath(name string, env []string) (string, error) {
 	}
 	return "", fmt.Errorf("%q: executable file not found in $PATH: %w", name, unix.ENOENT)
 }
+
+// steps times the init's boot, for the daemon's debug log (the ready
+// message's Trace).
+type steps struct {
+	last time.Time
+	done []string
+}
+
+func newSteps() *steps { return &steps{last: time.Now()} }
+
+func (s *steps) step(name string) {
+	now := time.Now()
+	s.done = append(s.done, fmt.Sprintf("%s=%.2fms", name, float64(now.Sub(s.last).Microseconds())/1000))
+	s.last = now
+}
+
+func (s *steps) String() string { return strings.Join(s.done, " ") }

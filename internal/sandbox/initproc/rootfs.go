@@ -1,6 +1,6 @@
 //go:build linux
 
-package sandbox
+package initproc
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // rootMountpoint is where the init attaches its root before pivot_root: it
@@ -35,7 +37,7 @@ var (
 // a detached clone of the root's mount, made by the daemon; it is attached
 // over rootMountpoint, a directory every user can reach in the copy of the
 // host's mount table, which the pivot_root drops right after.
-func setupRoot(cfg *initConfig, tree *os.File) error {
+func setupRoot(cfg *initproto.Config, tree *os.File) error {
 	// Nothing we mount may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
