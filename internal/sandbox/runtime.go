@@ -399,7 +399,7 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 	defer theirs.Close()
 	cmd := exec.Command(r.exe)
 	cmd.Args = []string{"deltabox-init"}
-	cmd.Env = []string{initproc.EnvInit + "=1"}
+	cmd.Env = initproc.Env()
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{

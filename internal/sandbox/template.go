@@ -172,10 +172,9 @@ func (r *Runtime) tracerThread() *inject.Tracer {
 // value could stop at an unrelated field: the offset is calibrated once on a
 // host process, whose pid is large, and checked on p.
 func (r *Runtime) tidOffset(ctx context.Context, p *inject.Proc) (uintptr, error) {
-	r.tidOnce.Do(func() { r.hostTID, r.hostTIDErr = r.calibrateTID(ctx) })
-	if r.hostTIDErr == nil {
-		if ok, err := p.HasTID(r.hostTID); err == nil && ok {
-			return r.hostTID, nil
+	if off, err := r.hostTIDOffset(ctx); err == nil {
+		if ok, err := p.HasTID(off); err == nil && ok {
+			return off, nil
 		}
 	}
 	// Another libc than the host's: trust a scan only for a pid no other
@@ -183,7 +182,17 @@ func (r *Runtime) tidOffset(ctx context.Context, p *inject.Proc) (uintptr, error
 	if ns, err := procfs.NSpids(p.Pid()); err == nil && ns[len(ns)-1] >= 1000 {
 		return p.TIDOffset()
 	}
-	return 0, fmt.Errorf("cannot locate its libc's thread id (host calibration: %v)", r.hostTIDErr)
+	_, herr := r.hostTIDOffset(ctx)
+	return 0, fmt.Errorf("cannot locate its libc's thread id (host calibration: %v)", herr)
+}
+
+// hostTIDOffset is the thread id's offset calibrated on a host process,
+// once per runtime. A sandbox's first spare (prepareNext) asks for it, so
+// that the first checkpoint does not pay for a process start and a scan
+// (about 10 ms) in its pause.
+func (r *Runtime) hostTIDOffset(ctx context.Context) (uintptr, error) {
+	r.tidOnce.Do(func() { r.hostTID, r.hostTIDErr = r.calibrateTID(ctx) })
+	return r.hostTID, r.hostTIDErr
 }
 
 // calibrateTID finds the thread id's offset in a host process (sleep).
@@ -643,6 +652,7 @@ func (s *Sandbox) prepareNext() {
 	s.bg.Add(1)
 	s.mu.Unlock()
 	s.rt.background(&s.bg, s.quit, func(ctx context.Context) {
+		_, _ = s.rt.hostTIDOffset(ctx) // what the first checkpoint needs, found ahead
 		// A checkpoint waits for a spare in the making: until it is
 		// registered, its init would look like a workload process. Under
 		// the lock, the live generation and root cannot change meanwhile.
