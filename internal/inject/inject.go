@@ -622,24 +622,28 @@ func requeue(pid int, sigs []unix.Signal) {
 func (p *Proc) Kill() error {
 	p.t.mu.Lock()
 	defer p.t.mu.Unlock()
-	return p.call("kill", func() error {
-		if err := unix.Kill(p.pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("send SIGKILL: %w", err)
+	return p.call("kill", p.kill)
+}
+
+// kill is Kill on the worker's thread, t.mu held; the caller accounts for
+// the attachment's end (call does).
+func (p *Proc) kill() error {
+	if err := unix.Kill(p.pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("send SIGKILL: %w", err)
+	}
+	p.st = stateGone
+	for {
+		ws, _, err := wait4(p.pid, 0)
+		if errors.Is(err, unix.ECHILD) {
+			return nil
 		}
-		p.st = stateGone
-		for {
-			ws, _, err := wait4(p.pid, 0)
-			if errors.Is(err, unix.ECHILD) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("wait: %w", err)
-			}
-			if ws.Exited() || ws.Signaled() {
-				return nil
-			}
+		if err != nil {
+			return fmt.Errorf("wait: %w", err)
 		}
-	})
+		if ws.Exited() || ws.Signaled() {
+			return nil
+		}
+	}
 }
 
 // Scratch returns the address of scratchSize (4 KiB) bytes of writable

@@ -877,21 +877,24 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		return nil, nil, err
 	}
 	tid := tp.FSBase() + t.tidOff
-	// One batch on the tracer's thread: the template clones itself into
-	// next's pid namespace, the clone enters next's other namespaces.
+	// One batch on the tracer's thread, two programs (each system calls run
+	// by the tracee in one resume): the template clones itself into next's
+	// pid namespace, the clone enters next's other namespaces.
 	err = tp.Batch(func(b *inject.Batch) error {
-		pfd, err := b.Syscall(tp, unix.SYS_PIDFD_OPEN, uintptr(ns[ts.g.level]), 0)
+		var pg inject.Program
+		pfd := pg.Call("template: pidfd_open", unix.SYS_PIDFD_OPEN, inject.Value(uintptr(ns[ts.g.level])), inject.Value(0))
+		pg.Call("template: setns pid", unix.SYS_SETNS, inject.Result(pfd), inject.Value(unix.CLONE_NEWPID))
+		pg.Clone("template: clone", unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid)
+		pg.Try("template: close", unix.SYS_CLOSE, inject.Result(pfd))
+		res, err := b.Run(tp, &pg, scratch)
+		c = res.Child
 		if err != nil {
-			return fmt.Errorf("template: pidfd_open: %w", err)
+			if len(res.Results) > pfd && len(res.Results) < pg.Len() {
+				_, _ = b.Syscall(tp, unix.SYS_CLOSE, res.Results[pfd]) // the program ended before its close
+			}
+			return err
 		}
-		defer func() { _, _ = b.Syscall(tp, unix.SYS_CLOSE, pfd) }()
-		if _, err := b.Syscall(tp, unix.SYS_SETNS, pfd, unix.CLONE_NEWPID); err != nil {
-			return fmt.Errorf("template: setns pid: %w", err)
-		}
-		if c, err = b.Clone(tp, unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid); err != nil {
-			return fmt.Errorf("template: clone: %w", err)
-		}
-		return enter(b, c, t, pfd, st.fds, scratch, keepFiles)
+		return enter(b, c, t, res.Results[pfd], st.fds, scratch, keepFiles)
 	})
 	if err != nil {
 		if c != nil {
@@ -945,53 +948,45 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	return &session{kind: t.kind, p: p}, c, nil
 }
 
-// enter runs the clone's side of the sequence: into next's namespaces, cwd,
-// stdio, files (unless keepFiles). scratch is dead stack memory for its
-// string arguments.
+// enter runs the clone's side of the sequence, as one program (more if its
+// files need more): into next's namespaces, cwd, stdio, files (unless
+// keepFiles). pfd is the clone's pidfd of next's init; scratch is dead
+// stack memory for the program's strings and results.
 func enter(b *inject.Batch, c *inject.Proc, t *template, pfd uintptr, held []int, scratch uintptr, keepFiles bool) error {
-	if _, err := b.Syscall(c, unix.SYS_SETNS, pfd, unix.CLONE_NEWNS|unix.CLONE_NEWNET|unix.CLONE_NEWUTS|unix.CLONE_NEWIPC); err != nil {
-		return fmt.Errorf("clone: setns: %w", err)
+	var pg inject.Program
+	run := func() error {
+		_, err := b.Run(c, &pg, scratch)
+		pg = inject.Program{}
+		return err
 	}
-	str := func(s string) (uintptr, error) {
-		return scratch, b.WriteMem(c, scratch, append([]byte(s), 0))
-	}
-	at, err := str(t.cwd)
-	if err == nil {
-		_, err = b.Syscall(c, unix.SYS_CHDIR, at)
-	}
-	if err != nil {
-		return fmt.Errorf("clone: chdir %q: %w", t.cwd, err)
-	}
+	pg.Call("clone: setns", unix.SYS_SETNS, inject.Value(pfd), inject.Value(unix.CLONE_NEWNS|unix.CLONE_NEWNET|unix.CLONE_NEWUTS|unix.CLONE_NEWIPC))
+	pg.Call(fmt.Sprintf("clone: chdir %q", t.cwd), unix.SYS_CHDIR, pg.String(t.cwd))
 	for _, f := range t.fds {
 		if keepFiles && f.Role == fdReopen {
 			continue
 		}
-		var nfd uintptr
+		if !pg.Fits(4, len(f.Path)+1) {
+			if err := run(); err != nil {
+				return err
+			}
+		}
+		what := fmt.Sprintf("clone: reopen fd %d (%s)", f.FD, f.Path)
+		var nfd int
 		switch f.Role {
 		case fdStdin, fdStdout, fdStderr:
-			nfd, err = b.Syscall(c, unix.SYS_PIDFD_GETFD, pfd, uintptr(held[f.Role-fdStdin]), 0)
+			nfd = pg.Call(what, unix.SYS_PIDFD_GETFD, inject.Value(pfd), inject.Value(uintptr(held[f.Role-fdStdin])), inject.Value(0))
 		default:
-			at, err = str(f.Path)
-			if err == nil {
-				nfd, err = b.Syscall(c, unix.SYS_OPENAT, atFDCWD, at,
-					uintptr(f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_CLOEXEC), 0)
-			}
+			nfd = pg.Call(what, unix.SYS_OPENAT, inject.Value(atFDCWD), pg.String(f.Path),
+				inject.Value(uintptr(f.Flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC)|unix.O_CLOEXEC)), inject.Value(0))
 		}
-		if err != nil {
-			return fmt.Errorf("clone: reopen fd %d (%s): %w", f.FD, f.Path, err)
-		}
-		if _, err := b.Syscall(c, unix.SYS_DUP3, nfd, uintptr(f.FD), uintptr(f.Flags&unix.O_CLOEXEC)); err != nil {
-			return fmt.Errorf("clone: dup3 fd %d: %w", f.FD, err)
-		}
-		_, _ = b.Syscall(c, unix.SYS_CLOSE, nfd)
+		pg.Call(fmt.Sprintf("clone: dup3 fd %d", f.FD), unix.SYS_DUP3, inject.Result(nfd), inject.Value(uintptr(f.FD)), inject.Value(uintptr(f.Flags&unix.O_CLOEXEC)))
+		pg.Try("clone: close", unix.SYS_CLOSE, inject.Result(nfd))
 		if f.Role == fdReopen && f.Pos > 0 {
-			if _, err := b.Syscall(c, unix.SYS_LSEEK, uintptr(f.FD), uintptr(f.Pos), 0); err != nil {
-				return fmt.Errorf("clone: seek fd %d: %w", f.FD, err)
-			}
+			pg.Call(fmt.Sprintf("clone: seek fd %d", f.FD), unix.SYS_LSEEK, inject.Value(uintptr(f.FD)), inject.Value(uintptr(f.Pos)), inject.Value(0))
 		}
 	}
-	_, _ = b.Syscall(c, unix.SYS_CLOSE, pfd)
-	return nil
+	pg.Try("clone: close", unix.SYS_CLOSE, inject.Value(pfd))
+	return run()
 }
 
 // Alive reports whether every template is still there, stopped as it was
