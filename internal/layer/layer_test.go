@@ -5,8 +5,12 @@ package layer_test
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/layer/btrfs"
@@ -104,4 +108,87 @@ func TestCrash(t *testing.T) {
 			layertest.RunCrash(t, b.newStore, b.crash)
 		})
 	}
+}
+
+// TestImageReopenWhileHeldElsewhere pins the bug behind TestCrash's
+// "upper missing" flake under CI: another process unshared its mount
+// namespace while a store's btrfs image was mounted, so the filesystem
+// outlived the store's unmount, and the next OpenImage attached the image to
+// a second loop device: a second filesystem from the stale image, where the
+// fsynced records were back (fsync log) but not the subvolumes and
+// directories made since the last transaction. Reopening must see them.
+func TestImageReopenWhileHeldElsewhere(t *testing.T) {
+	testutil.CheckLeaks(t)
+	testutil.RequiresRoot(t)
+	testutil.RequiresBtrfs(t)
+	dir := t.TempDir()
+	file, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "fs")
+	img, err := btrfsutil.OpenImage(file, mnt, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = img.Close() }() // a no-op once closed
+	// What a store does: a layer subvolume with its upper/, then its record
+	// (a file) fsynced.
+	layerDir := filepath.Join(mnt, "layer")
+	if err := btrfsutil.CreateSubvolume(layerDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(layerDir, "upper"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(mnt, "records"))
+	if err == nil {
+		_, err = f.WriteString("layer\n")
+		err = errors.Join(err, f.Sync(), f.Close())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A process holding a copy of the mount namespace (Unshareflags makes
+	// its mounts private, so the unmount below does not propagate to it).
+	holder := exec.Command("sleep", "60")
+	holder.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	release := func() {
+		_ = holder.Process.Kill()
+		_ = holder.Wait()
+	}
+	defer release()
+	// What img.Close does, without its wait for the loop device (which
+	// stays attached while the holder lives).
+	if err := syscall.Unmount(mnt, 0); err != nil {
+		t.Fatal(err)
+	}
+	img, err = btrfsutil.OpenImage(file, mnt, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.ReadFile(filepath.Join(mnt, "records")); err != nil {
+		t.Errorf("record after reopen: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(layerDir, "upper")); err != nil || !fi.IsDir() {
+		t.Errorf("layer upper after reopen: %v, want the directory made before the unmount", err)
+	}
+	release() // first, so that the filesystem ends with the unmount
+	if err := img.Close(); err != nil {
+		t.Error(err)
+	}
+	// Before the fix a second loop device held the stale filesystem.
+	for i := 0; i < 500 && attachedTo(file); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// attachedTo reports whether a loop device is backed by file.
+func attachedTo(file string) bool {
+	m, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range m {
+		if b, err := os.ReadFile(p); err == nil && string(b) == file+"\n" {
+			return true
+		}
+	}
+	return false
 }

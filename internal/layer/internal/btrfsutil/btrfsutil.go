@@ -150,7 +150,9 @@ type Image struct {
 
 // OpenImage mounts the btrfs image file at mnt, creating and formatting it
 // (sparse, size bytes) when it does not exist. An image already mounted at
-// mnt (left by a process that crashed) is reused.
+// mnt (left by a process that crashed) is reused, and so is a filesystem on
+// the image that is still alive though no longer mounted here (see
+// mountAttached).
 func OpenImage(file, mnt string, size int64) (*Image, error) {
 	img := &Image{File: file, Mount: mnt}
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
@@ -163,6 +165,10 @@ func OpenImage(file, mnt string, size int64) (*Image, error) {
 		if err := format(file, size); err != nil {
 			return nil, err
 		}
+	} else if ok, err := mountAttached(file, mnt); err != nil {
+		return nil, err
+	} else if ok {
+		return img, nil
 	}
 	if err := attachAndMount(file, mnt); err != nil {
 		return nil, err
@@ -197,6 +203,49 @@ func format(file string, size int64) error {
 		return fmt.Errorf("create btrfs image %q: %w", file, err)
 	}
 	return nil
+}
+
+// mountAttached mounts at mnt the loop device that still backs file, if
+// one does, and reports whether it did.
+//
+// Unmounting the image does not end its filesystem when another mount
+// namespace holds a copy of the mount (any process that unshared its mount
+// namespace while the image was mounted: a sandbox, a concurrent test): the
+// filesystem lives on with its latest state in memory, its autoclear loop
+// device stays attached, and the image file holds only its last transaction
+// plus the fsync log. Attaching the file to a second loop device would mount
+// a second, independent filesystem from that stale state (btrfs gives the
+// clone a temporary fsid and replays the log): the layer records bolt
+// fsynced come back, the subvolumes and directories made since the last
+// transaction do not, and the first filesystem later overwrites the image
+// when it ends. Mounting the same device joins the live filesystem instead.
+func mountAttached(file, mnt string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(file, &st); err != nil {
+		return false, fmt.Errorf("open btrfs image %q: %w", file, err)
+	}
+	m, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range m {
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+		// The open descriptor keeps the device from detaching (and being
+		// reused for another file) between the check and the mount.
+		fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		info, err := unix.IoctlLoopGetStatus64(fd)
+		if err != nil || info.Device != st.Dev || info.Inode != st.Ino {
+			unix.Close(fd)
+			continue
+		}
+		err = unix.Mount(dev, mnt, "btrfs", 0, "")
+		unix.Close(fd)
+		if err != nil {
+			return false, fmt.Errorf("mount btrfs image %q (still attached to %s) at %q: %w", file, dev, mnt, err)
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 // attachAndMount attaches file to a free loop device with autoclear and
