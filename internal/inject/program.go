@@ -213,6 +213,20 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 		return res, p.lost("set registers", err)
 	}
 	var child int
+	defer func() {
+		if child == 0 {
+			return
+		}
+		c := &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
+		if werr := waitNewChild(child, &c.pending); werr != nil {
+			_ = unix.Kill(child, unix.SIGKILL)
+			_, _, _ = wait4(child, 0)
+			err = errors.Join(err, fmt.Errorf("clone %d: %w", p.pid, werr))
+			return
+		}
+		p.w.procs++
+		res.Child = c
+	}()
 	for {
 		if err := ptrace(unix.PTRACE_CONT, p.pid, 0, 0); err != nil {
 			return res, p.lost("ptrace cont", err)
@@ -232,15 +246,9 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 			if err != nil {
 				return res, p.lost("ptrace geteventmsg", err)
 			}
+			// Its first stop is collected once the program ended: the
+			// two start up side by side.
 			child = int(msg)
-			c := &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
-			if err := waitNewChild(child, &c.pending); err != nil {
-				_ = unix.Kill(child, unix.SIGKILL)
-				_, _, _ = wait4(child, 0)
-				return res, fmt.Errorf("clone %d: %w", p.pid, err)
-			}
-			p.w.procs++
-			res.Child = c
 			continue
 		case ev == 0 && ws.StopSignal() == unix.SIGTRAP:
 			regs, err := getRegs(p.pid)

@@ -333,11 +333,16 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 	}()
 	// A look before anything stops, so that a sandbox that is not eligible
-	// costs no capture: the look that counts is the one below, stopped.
+	// costs no capture, and the clones are made from it: the look that
+	// counts is taken once they are stopped, alongside the clones (see
+	// verify).
+	looked := map[int]*template{}
 	for pid, ss := range byPid {
-		if _, why := inspect(pid, ss); why != "" {
+		t, why := inspect(pid, ss, nil)
+		if why != "" {
 			return nil, &IneligibleError{Reasons: []string{fmt.Sprintf("%s session (pid %d): %s", ss.kind, pid, why)}}
 		}
+		looked[pid] = t
 	}
 	began := time.Now()
 	order := make([]*session, 0, len(byPid))
@@ -349,14 +354,8 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		stopped = append(stopped, p)
 		order = append(order, ss)
 	}
-	// Nothing else may have appeared meanwhile (a spawn that raced us);
-	// next's init may be a newcomer.
-	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, func(p int) bool { return p == next.hostPid || s.notWorkload(p, inits) })) != len(byPid) {
-		return nil, &IneligibleError{Reasons: []string{"processes started during the checkpoint"}}
-	}
-
 	// 4. The filesystem at this instant: nothing of the sandbox runs. It is
-	//    taken while the sessions are inspected and cloned; the clones start
+	//    taken while the sessions are verified and cloned; the clones start
 	//    only once it is. Every return from here waits for it (the caller
 	//    undoes a commit that is not acknowledged).
 	cr := startCapture(ctx, capture)
@@ -365,14 +364,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			_ = cr.wait()
 		}
 	}()
+	// The look that counts, off the pause's path: the clones are made from
+	// the look before the stop meanwhile and start only if this one agrees.
+	verified := make(chan verdict, 1)
+	go func() { verified <- s.verify(order, stopped, looked, next, inits) }()
 	tpls := make([]*template, 0, len(order))
 	for i, ss := range order {
 		p := stopped[i]
-		t, why := inspect(p.Pid(), ss)
-		if why != "" {
-			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %s", ss.kind, p.Pid(), why))
-			continue
-		}
+		t := looked[p.Pid()]
 		if t.tidOff, err = s.rt.tidOffset(ctx, p); err != nil {
 			reasons = append(reasons, fmt.Sprintf("%s session (pid %d): %v", ss.kind, p.Pid(), err))
 			continue
@@ -385,6 +384,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		tpls = append(tpls, t)
 	}
 	if len(reasons) > 0 {
+		<-verified
 		return nil, &IneligibleError{Reasons: reasons}
 	}
 	seized := time.Now()
@@ -404,6 +404,13 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	// 5. The clones, made but not started; then the instant of capture.
 	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
 	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s, nil)
+	if v := <-verified; cerr == nil && len(v.reasons) > 0 {
+		cerr = &IneligibleError{Reasons: v.reasons}
+	} else if cerr == nil {
+		for _, t := range tpls { // what the templates hold, for later clones
+			t.fds, t.start = v.seen[t.pid].fds, v.seen[t.pid].start
+		}
+	}
 	if cerr == nil {
 		cerr = cr.instant()
 	} else {
@@ -477,6 +484,65 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		s.log.Warn("checkpoint: templates will not survive a daemon restart", "err", err)
 	}
 	return ts, nil
+}
+
+// verify is the checkpoint's look at its stopped sessions (order, stopped
+// by the tracer as stopped): nothing else may have appeared in the
+// sandbox, each must still be eligible, and what a checkpoint's clone takes
+// from its template (cwd, stdio) must be what the look before the stop
+// (looked, read only) saw, which the clones are made from meanwhile.
+func (s *Sandbox) verify(order []*session, stopped []*inject.Proc, looked map[int]*template, next *generation, inits map[int]bool) verdict {
+	// A spawn that raced us. Next's init and the clones being made
+	// (processes of next's pid namespace) are newcomers of ours.
+	nextNS, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", next.hostPid))
+	ours := func(p int) bool {
+		if p == next.hostPid || s.notWorkload(p, inits) {
+			return true
+		}
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p))
+		return err == nil && nextNS != "" && ns == nextNS
+	}
+	if now, err := s.cg.Procs(); err != nil || len(slices.DeleteFunc(now, ours)) != len(order) {
+		return verdict{reasons: []string{"processes started during the checkpoint"}}
+	}
+	v := verdict{seen: map[int]*template{}}
+	for i, ss := range order {
+		pid := stopped[i].Pid()
+		// The clone's program holds a pidfd in the template for a moment;
+		// one the look before the stop saw would be the workload's.
+		transient := func(fd int, link string) bool {
+			return link == "anon_inode:[pidfd]" && !slices.ContainsFunc(looked[pid].fds, func(f fdRef) bool { return f.FD == fd })
+		}
+		t, why := inspect(pid, ss, transient)
+		if why == "" && t.cloneKey() != looked[pid].cloneKey() {
+			why = "it changed while it was being stopped"
+		}
+		if why != "" {
+			v.reasons = append(v.reasons, fmt.Sprintf("%s session (pid %d): %s", ss.kind, pid, why))
+			continue
+		}
+		v.seen[pid] = t
+	}
+	return v
+}
+
+// verdict is what verify found: why the sessions cannot be templates, or
+// what each holds (by pid).
+type verdict struct {
+	reasons []string
+	seen    map[int]*template
+}
+
+// cloneKey is what a checkpoint's clone takes from t (it keeps its files):
+// its cwd and which fds are its stdio.
+func (t *template) cloneKey() string {
+	k := t.cwd
+	for _, f := range t.fds {
+		if f.Role != fdReopen {
+			k += fmt.Sprintf("|%d:%d:%d", f.FD, f.Role, f.Flags&unix.O_CLOEXEC)
+		}
+	}
+	return k
 }
 
 // captureRun is a filesystem capture of CheckpointTemplates, running.
@@ -691,8 +757,10 @@ func (s *Sandbox) rootLevel() int {
 }
 
 // inspect reads what a clone of the stopped session process pid needs, or
-// says why it cannot be a template.
-func inspect(pid int, ss *session) (*template, string) {
+// says why it cannot be a template. ignore, if not nil, names fds that are
+// not the process's own (one it reports, or one gone by the time it is
+// read, is left out).
+func inspect(pid int, ss *session, ignore func(fd int, link string) bool) (*template, string) {
 	dir := "/proc/" + strconv.Itoa(pid)
 	status, err := os.ReadFile(dir + "/status")
 	if err != nil {
@@ -745,8 +813,14 @@ func inspect(pid int, ss *session) (*template, string) {
 			continue
 		}
 		link, err := os.Readlink(dir + "/fd/" + e.Name())
+		if errors.Is(err, os.ErrNotExist) && ignore != nil {
+			continue // closed meanwhile: a transient fd (see ignore)
+		}
 		if err != nil {
 			return nil, err.Error()
+		}
+		if ignore != nil && ignore(fd, link) {
+			continue
 		}
 		ref := fdRef{FD: fd}
 		if role, ok := roles[link]; ok {
