@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -15,6 +17,11 @@ import (
 type UnittestEvaluator struct {
 	Dir     string
 	Timeout time.Duration // 0 means a minute
+	// Session runs the suite from the job's persistent shell session, as
+	// an agent working in a terminal does, instead of as a command of its
+	// own: the session, idle between steps, is then part of every
+	// checkpoint (on DeltaBox, its live process, the fast path).
+	Session bool
 }
 
 var (
@@ -30,10 +37,18 @@ func (u UnittestEvaluator) Evaluate(ctx context.Context, t *Tools) (float64, err
 	}
 	var out bytes.Buffer
 	w := &capBuffer{max: 1 << 20}
-	r, err := t.Executor().Exec(ctx, Cmd{
-		Argv: []string{"python3", "-m", "unittest"}, Cwd: u.Dir, Timeout: timeout,
-		Env: []string{"PYTHONDONTWRITEBYTECODE=1"}, Stdout: &out, Stderr: w,
-	})
+	var r ExecResult
+	var err error
+	if u.Session {
+		dir := path.Join(t.Executor().Workspace(), u.Dir)
+		r, err = t.Executor().Shell(ctx, "(cd "+shellQuote(dir)+" && PYTHONDONTWRITEBYTECODE=1 python3 -m unittest)",
+			SessionOptions{Timeout: timeout, Stdout: &out, Stderr: w})
+	} else {
+		r, err = t.Executor().Exec(ctx, Cmd{
+			Argv: []string{"python3", "-m", "unittest"}, Cwd: u.Dir, Timeout: timeout,
+			Env: []string{"PYTHONDONTWRITEBYTECODE=1"}, Stdout: &out, Stderr: w,
+		})
+	}
 	if err != nil {
 		return 0, fmt.Errorf("unittest: %w", err)
 	}
@@ -65,3 +80,6 @@ func ScoreUnittest(output string, exitCode int) float64 {
 	}
 	return float64(max(ran-bad, 0)) / float64(ran)
 }
+
+// shellQuote quotes s as one bash word.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

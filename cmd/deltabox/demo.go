@@ -121,7 +121,7 @@ func runDemo(ctx context.Context, w io.Writer, cfg demoConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	eval := harness.UnittestEvaluator{}
+	eval := harness.UnittestEvaluator{Session: true}
 	t0 := harness.NewTools(src, harness.Limits{})
 	score, err := eval.Evaluate(ctx, t0)
 	if err != nil {

@@ -45,6 +45,9 @@ type generation struct {
 	c       *initproto.Conn
 	log     *slog.Logger
 	onFree  []func() // run after the init died (its root's mount, its cgroup)
+	// standIn marks an init set up ahead on the runtime's stand-in root
+	// (see Runtime.setUpAhead): a reroot gives it its sandbox's root.
+	standIn bool
 
 	mu      sync.Mutex // guards the fields below
 	nextID  uint64

@@ -86,6 +86,7 @@ type Runtime struct {
 	turns    chan struct{}
 	seccomp  bool
 	filter   filter.Filter // the workload's seccomp filter, compiled once (nil without seccomp)
+	standIn  string        // the root spare generations are set up on ahead (see setUpAhead)
 	cgParent string        // cgroup parent directory, in every hierarchy
 	log      *slog.Logger
 
@@ -163,6 +164,14 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
+	// The stand-in root of generations set up ahead: read-only to them
+	// (host root's, and they only mount on its directories).
+	r.standIn = filepath.Join(runDir, ".stand-in")
+	for _, d := range []string{"", "proc", "sys", "dev", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(r.standIn, d), 0o755); err != nil {
+			return nil, fmt.Errorf("create the stand-in root: %w", err)
+		}
+	}
 	return r, nil
 }
 
@@ -196,7 +205,8 @@ type Sandbox struct {
 	// prepared are the generations of restores made ready (PrepareRoot),
 	// which run in the sandbox's cgroup but are no workload.
 	prepared map[*generation]*PreparedRoot
-	leaving  map[int]bool // host pids of a replaced generation's inits being torn down
+	preps    map[*prepRun]bool // preparations in flight (see startPrep)
+	leaving  map[int]bool      // host pids of a replaced generation's inits being torn down
 	// leavingCgs are the session cgroups of a replaced generation, being
 	// torn down.
 	leavingCgs map[cgroup.Cgroup]bool
@@ -300,7 +310,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		prepared: map[*generation]*PreparedRoot{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, ancestors: map[int]bool{}, quit: make(chan struct{}),
+		prepared: map[*generation]*PreparedRoot{}, preps: map[*prepRun]bool{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, ancestors: map[int]bool{}, quit: make(chan struct{}),
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {
@@ -379,7 +389,7 @@ func (r *Runtime) Finish(ctx context.Context, sb *Sandbox, spec Spec) (err error
 
 	// 5. The init sets the root up.
 	sb.hostname = spec.Hostname
-	if err := r.configureInit(ctx, sb, sb.cur(), sb.rootfs); err != nil {
+	if err := r.rootInit(ctx, sb, sb.cur(), sb.rootfs); err != nil {
 		return err
 	}
 	tr.step("init setup")
@@ -443,6 +453,56 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 		return err
 	}
 	go func() { _ = cmd.Wait(); g.markDead() }()
+	return nil
+}
+
+// setUpAhead sets a spare generation's init up before its sandbox is
+// known: on the runtime's stand-in root (an empty directory tree with the
+// mount points setupRoot uses), so that proc, sys, dev, masks, loopback and
+// the pivot are done off the critical path; rootInit then only re-roots it
+// into its sandbox's root (one pivot instead of some forty mounts).
+func (r *Runtime) setUpAhead(ctx context.Context, g *generation) error {
+	tree, err := cloneMount(r.standIn)
+	if err != nil {
+		return err
+	}
+	defer tree.Close()
+	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpConfig, Config: &initproto.Config{Seccomp: r.filter}}, tree)
+	if err != nil {
+		return fmt.Errorf("init setup ahead: %w", err)
+	}
+	if reply.Op != initproto.OpReady {
+		return fmt.Errorf("init setup ahead: unexpected %q", reply.Op)
+	}
+	g.standIn = true
+	return nil
+}
+
+// rootInit gives the init of g, a new generation of sb, its root at
+// rootfs: a reroot when it was set up ahead (setUpAhead), its config
+// otherwise.
+func (r *Runtime) rootInit(ctx context.Context, sb *Sandbox, g *generation, rootfs string) error {
+	if !g.standIn {
+		return r.configureInit(ctx, sb, g, rootfs)
+	}
+	tree, err := cloneMount(rootfs)
+	if err != nil {
+		return err
+	}
+	defer tree.Close()
+	files := []*os.File{tree}
+	if home, err := sb.cg.TasksFile(); err == nil && home != nil {
+		files = append(files, home)
+		defer home.Close()
+	}
+	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpReroot, Config: &initproto.Config{Hostname: sb.hostname}}, files...)
+	if err != nil {
+		return fmt.Errorf("init reroot: %w", err)
+	}
+	if reply.Op != initproto.OpReady {
+		return fmt.Errorf("init reroot: unexpected %q", reply.Op)
+	}
+	g.standIn = false
 	return nil
 }
 

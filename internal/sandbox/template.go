@@ -88,7 +88,8 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 	return ts.rt.spawnGeneration(ctx, ts.g, cg, log)
 }
 
-// refill makes a spare generation in the background, unless there is one.
+// refill makes a spare generation in the background, unless there is one,
+// and sets it up ahead on the stand-in root (see Runtime.setUpAhead).
 func (ts *Templates) refill() {
 	ts.mu.Lock()
 	if ts.released || ts.spare != nil {
@@ -100,6 +101,11 @@ func (ts *Templates) refill() {
 	ts.rt.background(&ts.bg, ts.quit, func(ctx context.Context) {
 		g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
 		if err != nil {
+			return
+		}
+		if err := ts.rt.setUpAhead(ctx, g); err != nil {
+			ts.rt.log.Debug("spare generation of templates: setup failed", "err", err)
+			g.release()
 			return
 		}
 		ts.mu.Lock()
@@ -241,6 +247,7 @@ const seizeTimeout = 2 * time.Second
 // nothing changed; after it, the sandbox lives on in the new generation and
 // only the templates are gone. A commit capture made stays its own to undo.
 func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture func(ctx context.Context, captured func()) error) (_ *Templates, err error) {
+	s.interruptPreps(false) // a restore made ready is for the previous head; the spare is ours
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
 	s.mu.Lock()
@@ -718,6 +725,8 @@ func (s *Sandbox) prepareNext() {
 	s.bg.Add(1)
 	s.mu.Unlock()
 	s.rt.background(&s.bg, s.quit, func(ctx context.Context) {
+		ctx, done := s.startPrep(ctx, false)
+		defer done()
 		_, _ = s.rt.hostTIDOffset(ctx) // what the first checkpoint needs, found ahead
 		// A checkpoint waits for a spare in the making: until it is
 		// registered, its init would look like a workload process. Under
@@ -744,6 +753,46 @@ func (s *Sandbox) prepareNext() {
 		}
 		s.giveBack(g, root)
 	})
+}
+
+// startPrep registers a preparation for the live generation running with
+// ctx (restore: a restore made ready, else the next checkpoint's spare);
+// done unregisters it. Preparations hold the switch lock for reading (their
+// processes must not look like workload to a checkpoint before they are
+// registered), so an operation that replaces the live generation would wait
+// for them: it interrupts them instead (interruptPreps).
+func (s *Sandbox) startPrep(ctx context.Context, restore bool) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &prepRun{restore: restore, cancel: cancel}
+	s.mu.Lock()
+	s.preps[r] = true
+	s.mu.Unlock()
+	return ctx, func() {
+		s.mu.Lock()
+		delete(s.preps, r)
+		s.mu.Unlock()
+		cancel()
+	}
+}
+
+// interruptPreps cancels the restores being made ready and, with spares,
+// the next checkpoint's spare being made: a restore or reroot makes both
+// useless (they belong to the generation it replaces, or to the previous
+// head), a checkpoint the former, and neither should wait for them.
+func (s *Sandbox) interruptPreps(spares bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for r := range s.preps {
+		if r.restore || spares {
+			r.cancel()
+		}
+	}
+}
+
+// prepRun is a preparation in flight (see startPrep).
+type prepRun struct {
+	restore bool
+	cancel  context.CancelFunc
 }
 
 // rootLevel is the pid namespace level of the sandbox's tree's root
@@ -1189,6 +1238,7 @@ func (ts *Templates) Release() {
 // It returns the sessions it cloned: one whose clone failed starts fresh on
 // its next call. On error the sandbox is left as it was.
 func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Templates, prep *PreparedRoot) (cloned []SessionKind, err error) {
+	s.interruptPreps(true) // made for the generation this one replaces
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
 	if !ts.use() {
@@ -1232,7 +1282,7 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	}()
 	tr.step("mount")
 	if !prepared {
-		if err := s.rt.configureInit(ctx, s, next, target); err != nil {
+		if err := s.rt.rootInit(ctx, s, next, target); err != nil {
 			return nil, fmt.Errorf("restore sandbox %q: %w", s.id, err)
 		}
 	}
@@ -1430,8 +1480,25 @@ type PreparedRoot struct {
 }
 
 // PrepareRoot prepares a restore of the sandbox to ts on view (see
-// PreparedRoot).
-func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.View) (_ *PreparedRoot, err error) {
+// PreparedRoot). A restore, reroot or checkpoint of the sandbox that comes
+// meanwhile interrupts it (see interruptPreps): it then fails, or returns
+// a preparation whose clones were not all warmed.
+func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.View) (*PreparedRoot, error) {
+	ctx, done := s.startPrep(ctx, true)
+	defer done()
+	p, err := s.prepareRoot(ctx, ts, view)
+	if err != nil {
+		return nil, err
+	}
+	// The clones are registered as the sandbox's own: no lock is needed to
+	// keep a checkpoint from taking them for workload.
+	if s.rt.warm > 0 && p.clonesReady() {
+		p.warm(ctx)
+	}
+	return p, nil
+}
+
+func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.View) (_ *PreparedRoot, err error) {
 	// Until it is registered, its init and clones would look like workload
 	// processes to a checkpoint (see prepareNext).
 	s.switchMu.RLock()
@@ -1462,7 +1529,7 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	if p.target, err = s.mountRoot(view); err != nil {
 		return nil, err
 	}
-	if err := s.rt.configureInit(ctx, s, g, p.target); err != nil {
+	if err := s.rt.rootInit(ctx, s, g, p.target); err != nil {
 		return nil, err
 	}
 	g.prehold(ctx, len(ts.procs))
@@ -1475,9 +1542,6 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 func (p *PreparedRoot) prepareClones(ctx context.Context) {
 	cgs := map[string]cgroup.Cgroup{}
 	sessions, clones, err := p.ts.cloneAll(ctx, nil, p.g, p.sb, cgs)
-	if err == nil && p.sb.rt.warm > 0 {
-		p.warm(clones)
-	}
 	var pids []int
 	for _, c := range clones {
 		pids = append(pids, c.Pid())
@@ -1504,8 +1568,9 @@ func (p *PreparedRoot) prepareClones(ctx context.Context) {
 // WithWarm), while the clones wait stopped: the async warm of
 // ../shared/design/fork-templates.md, off the critical path. The budget is
 // shared by the clones, in template order. Best effort: a clone that cannot
-// be warmed just takes its faults later.
-func (p *PreparedRoot) warm(clones []*inject.Proc) {
+// be warmed just takes its faults later. It stops at the next chunk once
+// ctx ends (a restore, reroot or checkpoint came: see interruptPreps).
+func (p *PreparedRoot) warm(ctx context.Context) {
 	budget := p.sb.rt.warm
 	// The copies are charged to the sandbox's memory: never more than half
 	// of what its limit leaves, so that warming cannot push the sandbox's
@@ -1517,8 +1582,11 @@ func (p *PreparedRoot) warm(clones []*inject.Proc) {
 		}
 		budget = min(budget, (lim-int64(st.MemoryUsage))/2)
 	}
-	for i, c := range clones {
-		if budget <= 0 || i >= len(p.ts.procs) {
+	p.sb.mu.Lock()
+	pids := slices.Clone(p.pids)
+	p.sb.mu.Unlock()
+	for i, pid := range pids {
+		if budget <= 0 || i >= len(p.ts.procs) || ctx.Err() != nil {
 			return
 		}
 		ranges, err := procfs.Touched(p.ts.procs[i].pid, 64<<10, budget)
@@ -1526,22 +1594,37 @@ func (p *PreparedRoot) warm(clones []*inject.Proc) {
 			p.sb.log.Debug("warm: read the template's pages", "err", err)
 			continue
 		}
+		c, err := p.ts.tracer.Seize(ctx, pid, seizeTimeout)
+		if err != nil {
+			p.sb.log.Debug("warm: attach the clone", "err", err)
+			continue
+		}
 		err = c.Batch(func(b *inject.Batch) error {
 			var errs []error
 			for _, r := range ranges {
-				if _, err := b.Syscall(c, unix.SYS_MADVISE, r.Start, r.End-r.Start, unix.MADV_POPULATE_WRITE); err != nil {
-					errs = append(errs, fmt.Errorf("%#x-%#x: %w", r.Start, r.End, err))
-					continue
+				for at := r.Start; at < r.End && ctx.Err() == nil; at += warmChunk {
+					n := min(warmChunk, r.End-at)
+					if _, err := b.Syscall(c, unix.SYS_MADVISE, at, n, unix.MADV_POPULATE_WRITE); err != nil {
+						errs = append(errs, fmt.Errorf("%#x-%#x: %w", at, at+n, err))
+						break
+					}
+					budget -= int64(n)
 				}
-				budget -= int64(r.End - r.Start)
 			}
 			return errors.Join(errs...)
 		})
 		if err != nil {
 			p.sb.log.Debug("warm: pre-fault the clone's pages", "err", err)
 		}
+		if err := c.Detach(true); err != nil {
+			p.sb.log.Debug("warm: detach the clone", "err", err)
+		}
 	}
 }
+
+// warmChunk is how much memory one injected MADV_POPULATE_WRITE pre-faults:
+// an interrupted warm stops within one (tens of milliseconds here).
+const warmChunk = 8 << 20
 
 // dropClones kills the clones made ahead (their session cgroups go with
 // them).

@@ -159,13 +159,25 @@ func runInit() error {
 			}
 			go st.spawn(m, files)
 		case initproto.OpReroot:
-			if len(files) != 1 {
+			if len(files) < 1 || len(files) > 2 {
 				initproto.CloseFiles(files)
-				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "reroot: want one file"})
+				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: "reroot: want the root and at most the cgroup's tasks file"})
 				continue
 			}
 			err := reroot(files[0])
 			files[0].Close()
+			if err == nil && m.Config != nil && m.Config.Hostname != "" {
+				err = unix.Sethostname([]byte(m.Config.Hostname))
+			}
+			if len(files) == 2 {
+				// A generation set up ahead, on a stand-in root, learns its
+				// sandbox's cgroup only now; nothing has been spawned yet.
+				if err == nil && st.home == nil {
+					st.home = files[1]
+				} else {
+					files[1].Close()
+				}
+			}
 			if err != nil {
 				_ = c.Send(initproto.Message{Op: initproto.OpError, ID: m.ID, Err: err.Error()})
 				continue

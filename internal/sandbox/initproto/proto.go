@@ -31,7 +31,7 @@ const (
 	OpSpawned = "spawned" // init -> daemon: Pid
 	OpExited  = "exited"  // init -> daemon: Pid, Status (a wait status)
 	OpSignal  = "signal"  // daemon -> init: Pid, Signal
-	OpReroot  = "reroot"  // daemon -> init: pivot into a new root; files: detached root mount
+	OpReroot  = "reroot"  // daemon -> init: pivot into a new root; files: detached root mount[, cgroup tasks]; Config: its hostname, if any
 	OpError   = "error"   // init -> daemon: Err, for the request ID
 	// OpHello is the init's first message, unasked: a nested init's host pid
 	// comes with it, as the kernel's SCM_CREDENTIALS (see generation).
