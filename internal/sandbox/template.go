@@ -1486,36 +1486,37 @@ type PreparedRoot struct {
 func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.View) (*PreparedRoot, error) {
 	ctx, done := s.startPrep(ctx, true)
 	defer done()
-	p, err := s.prepareRoot(ctx, ts, view)
+	p, clones, err := s.prepareRoot(ctx, ts, view)
 	if err != nil {
 		return nil, err
 	}
-	// The clones are registered as the sandbox's own: no lock is needed to
-	// keep a checkpoint from taking them for workload.
-	if s.rt.warm > 0 && p.clonesReady() {
-		p.warm(ctx)
+	// The clones, still attached, are registered as the sandbox's own: no
+	// lock is needed to keep a checkpoint from taking them for workload.
+	if s.rt.warm > 0 && len(clones) > 0 {
+		p.warm(ctx, clones)
 	}
+	stopClones(s.log, clones)
 	return p, nil
 }
 
-func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.View) (_ *PreparedRoot, err error) {
+func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.View) (_ *PreparedRoot, _ []*inject.Proc, err error) {
 	// Until it is registered, its init and clones would look like workload
 	// processes to a checkpoint (see prepareNext).
 	s.switchMu.RLock()
 	defer s.switchMu.RUnlock()
 	if !ts.use() {
-		return nil, fmt.Errorf("prepare a restore: the templates are gone: %w", errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("prepare a restore: the templates are gone: %w", errdefs.ErrFailedPrecondition)
 	}
 	defer ts.users.Done()
 	s.mu.Lock()
 	destroyed := s.destroyed
 	s.mu.Unlock()
 	if destroyed {
-		return nil, fmt.Errorf("prepare a restore: sandbox %q is gone: %w", s.id, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("prepare a restore: sandbox %q is gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
 	g, err := ts.takeGeneration(ctx, s.cg, s.log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p := &PreparedRoot{ts: ts, g: g, sb: s}
 	s.mu.Lock()
@@ -1527,27 +1528,24 @@ func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 		}
 	}()
 	if p.target, err = s.mountRoot(view); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := s.rt.rootInit(ctx, s, g, p.target); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	g.prehold(ctx, len(ts.procs))
-	p.prepareClones(ctx)
-	return p, nil
+	return p, p.prepareClones(ctx), nil
 }
 
-// prepareClones makes the templates' clones in p's generation and leaves
-// them stopped. On failure there are none: the restore clones then.
-func (p *PreparedRoot) prepareClones(ctx context.Context) {
+// prepareClones makes the templates' clones in p's generation and returns
+// them attached (see stopClones). On failure there are none: the restore
+// clones then.
+func (p *PreparedRoot) prepareClones(ctx context.Context) []*inject.Proc {
 	cgs := map[string]cgroup.Cgroup{}
 	sessions, clones, err := p.ts.cloneAll(ctx, nil, p.g, p.sb, cgs)
 	var pids []int
 	for _, c := range clones {
 		pids = append(pids, c.Pid())
-		if derr := c.Detach(true); derr != nil && err == nil {
-			err = derr
-		}
 	}
 	p.sb.mu.Lock()
 	p.pids, p.cgs = pids, cgs
@@ -1557,20 +1555,33 @@ func (p *PreparedRoot) prepareClones(ctx context.Context) {
 	p.sb.mu.Unlock()
 	if err != nil {
 		p.sb.log.Debug("prepare a restore: clones not made ahead", "err", err)
+		stopClones(p.sb.log, clones)
 		for _, ss := range sessions {
 			ss.closePipes()
 		}
 		p.dropClones()
+		return nil
+	}
+	return clones
+}
+
+// stopClones detaches clones made ahead into group-stop, where a restore
+// finds them (clonesReady) and starts them with SIGCONT.
+func stopClones(log *slog.Logger, clones []*inject.Proc) {
+	for _, c := range clones {
+		if err := c.Detach(true); err != nil {
+			log.Debug("prepare a restore: detach a clone", "pid", c.Pid(), "err", err)
+		}
 	}
 }
 
 // warm pre-faults, for writing, the memory each clone's template wrote (see
-// WithWarm), while the clones wait stopped: the async warm of
+// WithWarm), while the clones wait, attached: the async warm of
 // ../shared/design/fork-templates.md, off the critical path. The budget is
 // shared by the clones, in template order. Best effort: a clone that cannot
 // be warmed just takes its faults later. It stops at the next chunk once
 // ctx ends (a restore, reroot or checkpoint came: see interruptPreps).
-func (p *PreparedRoot) warm(ctx context.Context) {
+func (p *PreparedRoot) warm(ctx context.Context, clones []*inject.Proc) {
 	budget := p.sb.rt.warm
 	// The copies are charged to the sandbox's memory: never more than half
 	// of what its limit leaves, so that warming cannot push the sandbox's
@@ -1582,21 +1593,13 @@ func (p *PreparedRoot) warm(ctx context.Context) {
 		}
 		budget = min(budget, (lim-int64(st.MemoryUsage))/2)
 	}
-	p.sb.mu.Lock()
-	pids := slices.Clone(p.pids)
-	p.sb.mu.Unlock()
-	for i, pid := range pids {
+	for i, c := range clones {
 		if budget <= 0 || i >= len(p.ts.procs) || ctx.Err() != nil {
 			return
 		}
 		ranges, err := procfs.Touched(p.ts.procs[i].pid, 64<<10, budget)
 		if err != nil {
 			p.sb.log.Debug("warm: read the template's pages", "err", err)
-			continue
-		}
-		c, err := p.ts.tracer.Seize(ctx, pid, seizeTimeout)
-		if err != nil {
-			p.sb.log.Debug("warm: attach the clone", "err", err)
 			continue
 		}
 		err = c.Batch(func(b *inject.Batch) error {
@@ -1615,9 +1618,6 @@ func (p *PreparedRoot) warm(ctx context.Context) {
 		})
 		if err != nil {
 			p.sb.log.Debug("warm: pre-fault the clone's pages", "err", err)
-		}
-		if err := c.Detach(true); err != nil {
-			p.sb.log.Debug("warm: detach the clone", "err", err)
 		}
 	}
 }
