@@ -197,7 +197,8 @@ type Sandbox struct {
 	destroyed bool // Destroy released the live generation
 	// spare is a child generation of g made ahead of time (see
 	// prepareNext): a checkpoint takes it instead of booting an init.
-	spare *generation
+	spare   *generation
+	nexting bool // prepareNext's job is queued or running
 	// spareRoot is the root the spare's init is set up on (configureInit),
 	// "" while it waits for one: a spare set up on the live root takes a
 	// checkpoint's root setup off its pause.
@@ -205,8 +206,9 @@ type Sandbox struct {
 	// prepared are the generations of restores made ready (PrepareRoot),
 	// which run in the sandbox's cgroup but are no workload.
 	prepared map[*generation]*PreparedRoot
-	preps    map[*prepRun]bool // preparations in flight (see startPrep)
-	leaving  map[int]bool      // host pids of a replaced generation's inits being torn down
+	preps    map[*prepRun]bool      // preparations in flight (see startPrep)
+	settling map[chan struct{}]bool // teardowns under way (see Settle)
+	leaving  map[int]bool           // host pids of a replaced generation's inits being torn down
 	// leavingCgs are the session cgroups of a replaced generation, being
 	// torn down.
 	leavingCgs map[cgroup.Cgroup]bool
@@ -310,7 +312,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		id: id, dir: dir, rootfs: filepath.Join(dir, "rootfs"), ids: ids, cg: cg,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
-		prepared: map[*generation]*PreparedRoot{}, preps: map[*prepRun]bool{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, ancestors: map[int]bool{}, quit: make(chan struct{}),
+		prepared: map[*generation]*PreparedRoot{}, preps: map[*prepRun]bool{}, settling: map[chan struct{}]bool{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, ancestors: map[int]bool{}, quit: make(chan struct{}),
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {
@@ -579,9 +581,36 @@ func (s *Sandbox) request(ctx context.Context, m initproto.Message, files ...*os
 	return r, err
 }
 
-// Settle waits for the sandbox's background work (an old root being detached
-// after a restore) to finish.
-func (s *Sandbox) Settle() { s.bg.Wait() }
+// Settle waits for the teardown of what a restore replaced (the old
+// generation, its root's mount) that is under way when it is called. (Not
+// a wait for all background work: that wait group is added to from zero
+// again by spares in the making, which a concurrent Wait must not see.)
+func (s *Sandbox) Settle() {
+	s.mu.Lock()
+	chs := make([]chan struct{}, 0, len(s.settling))
+	for ch := range s.settling {
+		chs = append(chs, ch)
+	}
+	s.mu.Unlock()
+	for _, ch := range chs {
+		<-ch
+	}
+}
+
+// settleLater registers a teardown Settle waits for; the caller calls the
+// returned function when it is done.
+func (s *Sandbox) settleLater() func() {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.settling[ch] = true
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.settling, ch)
+		s.mu.Unlock()
+		close(ch)
+	}
+}
 
 // Freeze stops every process of the sandbox at once (the cgroup freezer), so
 // that its filesystem and memory can be captured at one instant.

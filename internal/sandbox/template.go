@@ -42,14 +42,15 @@ type Templates struct {
 
 	rt *Runtime
 
-	mu       sync.Mutex // guards released and spare
+	mu       sync.Mutex // guards released, spare and refilling
 	released bool
-	// spare is a child generation of g made ahead of time, idle, waiting
-	// for its root: a restore or fork takes it instead of booting an init.
-	spare *generation
-	bg    sync.WaitGroup // the making of spares
-	quit  chan struct{}  // closed by Release: a spare still queued gives up
-	users sync.WaitGroup // restores, forks and preparations using them (see use)
+	// spare is a child generation of g made ahead of time, set up on the
+	// stand-in root: a restore or fork takes it instead of booting an init.
+	spare     *generation
+	refilling bool           // a spare is being made
+	bg        sync.WaitGroup // the making of spares
+	quit      chan struct{}  // closed by Release: a spare still queued gives up
+	users     sync.WaitGroup // restores, forks and preparations using them (see use)
 }
 
 // use pins the templates for one restore, fork or preparation: Release
@@ -92,13 +93,19 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 // and sets it up ahead on the stand-in root (see Runtime.setUpAhead).
 func (ts *Templates) refill() {
 	ts.mu.Lock()
-	if ts.released || ts.spare != nil {
+	if ts.released || ts.spare != nil || ts.refilling {
 		ts.mu.Unlock()
 		return
 	}
+	ts.refilling = true
 	ts.bg.Add(1)
 	ts.mu.Unlock()
 	ts.rt.background(&ts.bg, ts.quit, func(ctx context.Context) {
+		defer func() {
+			ts.mu.Lock()
+			ts.refilling = false
+			ts.mu.Unlock()
+		}()
 		g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
 		if err != nil {
 			return
@@ -718,10 +725,12 @@ func (s *Sandbox) leavingPid(pid int) bool {
 // checkpoint's pause.
 func (s *Sandbox) prepareNext() {
 	s.mu.Lock()
-	if s.destroyed || (s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)) {
+	// One at a time: every session call asks, and each would boot an init.
+	if s.destroyed || s.nexting || (s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)) {
 		s.mu.Unlock()
 		return
 	}
+	s.nexting = true
 	s.bg.Add(1)
 	s.mu.Unlock()
 	s.rt.background(&s.bg, s.quit, func(ctx context.Context) {
@@ -733,6 +742,13 @@ func (s *Sandbox) prepareNext() {
 		// the lock, the live generation and root cannot change meanwhile.
 		s.switchMu.RLock()
 		defer s.switchMu.RUnlock()
+		// Before the unlock: whatever replaces the live generation next
+		// asks for its own spare, and must not find this one in flight.
+		defer func() {
+			s.mu.Lock()
+			s.nexting = false
+			s.mu.Unlock()
+		}()
 		g, groot, err := s.takeNext(ctx)
 		if err != nil {
 			return
@@ -1341,8 +1357,10 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	}
 	s.mu.Unlock()
 	s.bg.Add(1)
+	settled := s.settleLater()
 	go func() {
 		defer s.bg.Done()
+		defer settled()
 		// Dying takes CPU (their page tables): at the lowest priority, not
 		// against the restored sessions'.
 		lowest := []int{oldG.hostPid}
@@ -1448,8 +1466,10 @@ func (s *Sandbox) mountRoot(view layer.View) (string, error) {
 // processes that still use it keep it alive). Destroy waits for it.
 func (s *Sandbox) detachRoot(old string) {
 	s.bg.Add(1)
+	settled := s.settleLater()
 	go func() {
 		defer s.bg.Done()
+		defer settled()
 		if err := unix.Unmount(old, unix.MNT_DETACH); err != nil {
 			s.log.Warn("detach old root", "err", err)
 		}
