@@ -164,13 +164,9 @@ func NewRuntime(runDir string, opts ...RuntimeOpt) (*Runtime, error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create run dir: %w", err)
 	}
-	// The stand-in root of generations set up ahead: read-only to them
-	// (host root's, and they only mount on its directories).
 	r.standIn = filepath.Join(runDir, ".stand-in")
-	for _, d := range []string{"", "proc", "sys", "dev", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(r.standIn, d), 0o755); err != nil {
-			return nil, fmt.Errorf("create the stand-in root: %w", err)
-		}
+	if err := r.makeStandIn(); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
@@ -464,6 +460,9 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 // the pivot are done off the critical path; rootInit then only re-roots it
 // into its sandbox's root (one pivot instead of some forty mounts).
 func (r *Runtime) setUpAhead(ctx context.Context, g *generation) error {
+	if err := r.makeStandIn(); err != nil {
+		return err
+	}
 	tree, err := cloneMount(r.standIn)
 	if err != nil {
 		return err
@@ -477,6 +476,18 @@ func (r *Runtime) setUpAhead(ctx context.Context, g *generation) error {
 		return fmt.Errorf("init setup ahead: unexpected %q", reply.Op)
 	}
 	g.standIn = true
+	return nil
+}
+
+// makeStandIn makes the stand-in root of generations set up ahead (again,
+// if something removed it): read-only to them (host root's, and they only
+// mount on its directories).
+func (r *Runtime) makeStandIn() error {
+	for _, d := range []string{"proc", "sys", "dev", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(r.standIn, d), 0o755); err != nil {
+			return fmt.Errorf("create the stand-in root: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -701,7 +712,7 @@ func (r *Runtime) CleanOrphans(ctx context.Context) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
-		if !e.IsDir() {
+		if !e.IsDir() || filepath.Join(r.runDir, e.Name()) == r.standIn {
 			continue
 		}
 		dir := filepath.Join(r.runDir, e.Name())

@@ -1534,7 +1534,11 @@ func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	if destroyed {
 		return nil, nil, fmt.Errorf("prepare a restore: sandbox %q is gone: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
-	g, err := ts.takeGeneration(ctx, s.cg, s.log)
+	// Its own generation, not the templates' spare: that one is for a
+	// restore or fork that comes unprepared (a search jumping to another
+	// node), which a preparation made in the background must not leave
+	// without one.
+	g, err := s.rt.spawnGeneration(ctx, ts.g, s.cg, s.log)
 	if err != nil {
 		return nil, nil, err
 	}

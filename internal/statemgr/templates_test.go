@@ -736,3 +736,59 @@ func TestSessionCallsDuringCheckpoints(t *testing.T) {
 		t.Log("no checkpoint found the session idle; the race was not exercised")
 	}
 }
+
+// rootOf is the source of the root mount of pid's mount namespace, as its
+// mountinfo gives it (the directory bound there).
+func rootOf(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == "/" {
+			return f[3]
+		}
+	}
+	return ""
+}
+
+// TestTemplatesSpareSetUpAhead checks that the spare generation a
+// checkpoint's templates keep for a restore or fork that comes unprepared
+// is booted and set up ahead (on the runtime's stand-in root), and that a
+// restore to that checkpoint, while the sandbox is elsewhere, re-roots it
+// into the sandbox's root and runs the checkpoint's session there.
+func TestTemplatesSpareSetUpAhead(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `x = 1`)
+	ck1 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck1.Processes, "python")
+	session(t, m, id, sandbox.SessionPython, `x = 2`)
+	ck2 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck2.Processes, "python")
+
+	ahead := map[int]bool{}
+	for deadline := time.Now().Add(30 * time.Second); len(ahead) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		pids, _ := testutil.CgroupProcs("tpl-" + ck1.ID)
+		for _, p := range pids {
+			if strings.HasSuffix(rootOf(t, p), "/.stand-in") {
+				ahead[p] = true
+			}
+		}
+	}
+	if len(ahead) == 0 {
+		t.Fatalf("no generation of the templates of %s was set up ahead on the stand-in root", ck1.ID)
+	}
+	wantTemplates(t, "restore", restore(t, m, id, ck1.ID).Processes, "python")
+	if r := session(t, m, id, sandbox.SessionPython, `print(x)`); r.stdout != "1\n" {
+		t.Fatalf("after the restore: %q %q", r.stdout, r.stderr)
+	}
+	info, err := m.GetSandbox(context.Background(), id)
+	if err != nil || !ahead[info.InitPid] {
+		t.Fatalf("the sandbox's init after the restore: %d (%v), want one set up ahead, of %v", info.InitPid, err, ahead)
+	}
+	if root := rootOf(t, info.InitPid); root == "" || strings.HasSuffix(root, "/.stand-in") {
+		t.Errorf("the sandbox's init %d after the restore: root %q, want the sandbox's", info.InitPid, root)
+	}
+}
