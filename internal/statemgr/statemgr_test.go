@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -493,7 +494,10 @@ func TestRestartRecoversSandboxes(t *testing.T) {
 	if err := m.DeleteSandbox(ctx, in.ID, false); err != nil {
 		t.Fatal(err)
 	}
-	if entries, _ := os.ReadDir(filepath.Join(root, "run")); len(entries) != 0 {
+	// Nothing but the runtime's own stand-in root (see sandbox.Runtime).
+	entries, _ := os.ReadDir(filepath.Join(root, "run"))
+	entries = slices.DeleteFunc(entries, func(e os.DirEntry) bool { return e.Name() == ".stand-in" })
+	if len(entries) != 0 {
 		t.Errorf("run dir not empty after delete: %v", entries)
 	}
 }
