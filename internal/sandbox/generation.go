@@ -266,7 +266,7 @@ var ErrTooDeep = errors.New("pid namespaces nest too deep")
 // spawnGeneration has parent's init start the init of a child generation,
 // puts it in cg and waits for its hello. The child holds a reference on
 // parent; the caller owns the returned generation (one reference) and
-// configures it (configureInit) before it runs anything.
+// gives it its root (rootInit) before it runs anything.
 func (r *Runtime) spawnGeneration(ctx context.Context, parent *generation, cg cgroupAdder, log *slog.Logger) (_ *generation, err error) {
 	if parent.level+1 > MaxPidNSLevel {
 		return nil, fmt.Errorf("a new generation would be %d pid namespaces deep, past the kernel's %d: %w (%w)",

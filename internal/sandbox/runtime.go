@@ -195,7 +195,7 @@ type Sandbox struct {
 	// prepareNext): a checkpoint takes it instead of booting an init.
 	spare   *generation
 	nexting bool // prepareNext's job is queued or running
-	// spareRoot is the root the spare's init is set up on (configureInit),
+	// spareRoot is the root the spare's init is set up on (rootInit),
 	// "" while it waits for one: a spare set up on the live root takes a
 	// checkpoint's root setup off its pause.
 	spareRoot string
@@ -491,37 +491,10 @@ func (r *Runtime) makeStandIn() error {
 	return nil
 }
 
-// rootInit gives the init of g, a new generation of sb, its root at
-// rootfs: a reroot when it was set up ahead (setUpAhead), its config
-// otherwise.
+// rootInit gives the init of g, a generation of sb, its root at rootfs:
+// its config (it sets the root up), or, when it was set up ahead
+// (setUpAhead), a reroot into it.
 func (r *Runtime) rootInit(ctx context.Context, sb *Sandbox, g *generation, rootfs string) error {
-	if !g.standIn {
-		return r.configureInit(ctx, sb, g, rootfs)
-	}
-	tree, err := cloneMount(rootfs)
-	if err != nil {
-		return err
-	}
-	defer tree.Close()
-	files := []*os.File{tree}
-	if home, err := sb.cg.TasksFile(); err == nil && home != nil {
-		files = append(files, home)
-		defer home.Close()
-	}
-	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpReroot, Config: &initproto.Config{Hostname: sb.hostname}}, files...)
-	if err != nil {
-		return fmt.Errorf("init reroot: %w", err)
-	}
-	if reply.Op != initproto.OpReady {
-		return fmt.Errorf("init reroot: unexpected %q", reply.Op)
-	}
-	g.standIn = false
-	return nil
-}
-
-// configureInit sends the init its config and waits until its root is set
-// up.
-func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, g *generation, rootfs string) error {
 	// The init gets its root as a detached clone of the root's mount, which
 	// it attaches in its own mount namespace: the path of the host's mount
 	// lies below directories the sandbox's user may not traverse, and an fd
@@ -536,14 +509,18 @@ func (r *Runtime) configureInit(ctx context.Context, sb *Sandbox, g *generation,
 		files = append(files, home)
 		defer home.Close()
 	}
-	cfg := &initproto.Config{Hostname: sb.hostname, Seccomp: r.filter}
-	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpConfig, Config: cfg}, files...)
+	m := initproto.Message{Op: initproto.OpConfig, Config: &initproto.Config{Hostname: sb.hostname, Seccomp: r.filter}}
+	if g.standIn {
+		m = initproto.Message{Op: initproto.OpReroot, Config: &initproto.Config{Hostname: sb.hostname}}
+	}
+	reply, err := g.request(ctx, m, files...)
 	if err != nil {
-		return fmt.Errorf("init setup: %w", err)
+		return fmt.Errorf("init %s: %w", m.Op, err)
 	}
 	if reply.Op != initproto.OpReady {
-		return fmt.Errorf("init setup: unexpected %q", reply.Op)
+		return fmt.Errorf("init %s: unexpected %q", m.Op, reply.Op)
 	}
+	g.standIn = false
 	sb.log.Debug("init ready", "steps", reply.Trace)
 	return nil
 }

@@ -407,7 +407,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	s.mu.Unlock()
 	if nextRoot != root {
 		// No spare was ready: its setup joins the pause.
-		if err := s.rt.configureInit(ctx, s, next, root); err != nil {
+		if err := s.rt.rootInit(ctx, s, next, root); err != nil {
 			spent = true
 			return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 		}
@@ -757,7 +757,7 @@ func (s *Sandbox) prepareNext() {
 		root := s.rootfs
 		s.mu.Unlock()
 		if groot != root { // not set up yet
-			if err := s.rt.configureInit(ctx, s, g, root); err != nil {
+			if err := s.rt.rootInit(ctx, s, g, root); err != nil {
 				s.log.Debug("spare generation: setup failed", "err", err)
 				g.release()
 				return
