@@ -115,6 +115,7 @@ func (ts *Templates) refill() {
 			g.release()
 			return
 		}
+		g.prehold(ctx, len(ts.procs)) // the clones' stdio, held ahead too
 		ts.mu.Lock()
 		if ts.released || ts.spare != nil {
 			ts.mu.Unlock()

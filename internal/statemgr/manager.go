@@ -105,9 +105,10 @@ type Manager struct {
 	refill     chan struct{}
 	poolCancel context.CancelFunc
 	poolDone   sync.WaitGroup
-	spares     map[string]spare // spare branch of each sandbox's head (spare.go; guarded by mu)
-	reserved   map[int]bool     // id ranges held for sandboxes not yet stored (guarded by mu)
-	inflight   map[string]bool  // ids handed out, not yet stored or dropped (guarded by mu)
+	spares     map[string]map[string]spare // spare branches of each sandbox, by checkpoint (spare.go; guarded by mu)
+	spareSeq   uint64                      // the order spares are made in (guarded by mu)
+	reserved   map[int]bool                // id ranges held for sandboxes not yet stored (guarded by mu)
+	inflight   map[string]bool             // ids handed out, not yet stored or dropped (guarded by mu)
 
 	// Process templates of checkpoints (templates.go; guarded by mu).
 	tpl       map[string]*heldTemplates // by checkpoint
@@ -134,7 +135,7 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 		return nil, fmt.Errorf("open state %q: %w", opts.Root, err)
 	}
 	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{},
-		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]spare{},
+		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]map[string]spare{},
 		tpl: map[string]*heldTemplates{}, tplGone: map[string]string{}, tplBudget: opts.TemplateBudget,
 		keepTpl: opts.KeepTemplates}
 	if m.tplBudget <= 0 {

@@ -13,9 +13,13 @@ import (
 // Spare branches: after a sandbox takes or restores a checkpoint, a writable
 // branch of that checkpoint (its head) is made in the background, so that
 // the next restore to it (the common rollback of a failed step) takes the
-// branch instead of making one on its critical path. One spare per sandbox,
-// for its head; a newer one replaces it. Spares are referenced in memory
-// only: gc and Fsck count them, and a restart's gc removes any left behind.
+// branch instead of making one on its critical path. The head's spare also
+// holds the restore made ready (prep); when the head moves on, the spare of
+// the previous one keeps its branch and drops the rest, so that a search
+// jumping back to a node it checkpointed earlier finds a branch too (up to
+// maxSpares per sandbox, the oldest dropped first). Spares are referenced
+// in memory only: gc and Fsck count them, and a restart's gc removes any
+// left behind.
 type spare struct {
 	checkpoint string
 	layer      string
@@ -23,7 +27,12 @@ type spare struct {
 	// ready on the layer (see sandbox.PreparedRoot): it holds the layer's
 	// mount, so it is released before the layer is removed.
 	prep *sandbox.PreparedRoot
+	made uint64 // order of making, for dropping the oldest
 }
+
+// maxSpares bounds the spare branches kept per sandbox: each is a layer (a
+// btrfs snapshot or an empty upper: cheap, but not free).
+const maxSpares = 32
 
 // drop releases a spare that will not be used and removes its layer.
 func (m *Manager) drop(sp spare) {
@@ -44,25 +53,54 @@ func (m *Manager) makeSpare(id, ck, ckLayer string) {
 			m.log.Debug("spare branch", "sandbox", id, "checkpoint", ck, "err", err)
 			return
 		}
-		sp := spare{checkpoint: ck, layer: in.ID}
 		m.mu.Lock()
+		m.spareSeq++
+		sp := spare{checkpoint: ck, layer: in.ID, made: m.spareSeq}
 		sb := m.live[id]
 		m.mu.Unlock()
 		if sb != nil {
 			sp.prep = m.prepareRoot(sb, ck, in.ID)
 		}
+		var doomed []spare
+		var demoted []*sandbox.PreparedRoot
 		m.mu.Lock()
-		old, had := m.spares[id]
 		_, live := m.live[id]
 		if live {
-			m.spares[id] = sp
+			if m.spares[id] == nil {
+				m.spares[id] = map[string]spare{}
+			}
+			mine := m.spares[id]
+			if old, had := mine[ck]; had {
+				doomed = append(doomed, old)
+			}
+			// The restore made ready is for the head only.
+			for c, o := range mine {
+				if o.prep != nil {
+					demoted = append(demoted, o.prep)
+					o.prep = nil
+					mine[c] = o
+				}
+			}
+			mine[ck] = sp
+			for len(mine) > maxSpares {
+				oldest := ""
+				for c, o := range mine {
+					if oldest == "" || o.made < mine[oldest].made {
+						oldest = c
+					}
+				}
+				doomed = append(doomed, mine[oldest])
+				delete(mine, oldest)
+			}
+		} else {
+			doomed = append(doomed, sp)
 		}
 		m.mu.Unlock()
-		if had {
-			m.drop(old)
+		for _, p := range demoted {
+			p.Release()
 		}
-		if !live {
-			m.drop(sp)
+		for _, d := range doomed {
+			m.drop(d)
 		}
 	}()
 }
@@ -98,22 +136,26 @@ func (m *Manager) prepareRoot(sb *sandbox.Sandbox, ck, layerID string) *sandbox.
 func (m *Manager) takeSpare(id, ck string) (string, *sandbox.PreparedRoot, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sp, ok := m.spares[id]
-	if !ok || sp.checkpoint != ck {
+	sp, ok := m.spares[id][ck]
+	if !ok {
 		return "", nil, false
 	}
-	delete(m.spares, id)
+	delete(m.spares[id], ck)
 	return sp.layer, sp.prep, true
 }
 
-// dropSpares removes the spares of the sandboxes ids (all when ids is nil)
-// or of the checkpoints in cks.
+// dropSpares removes the spares that match (by sandbox and spare).
 func (m *Manager) dropSpares(ctx context.Context, match func(sandbox string, sp spare) bool) {
 	m.mu.Lock()
 	var doomed []spare
-	for sb, sp := range m.spares {
-		if match(sb, sp) {
-			doomed = append(doomed, sp)
+	for sb, mine := range m.spares {
+		for ck, sp := range mine {
+			if match(sb, sp) {
+				doomed = append(doomed, sp)
+				delete(mine, ck)
+			}
+		}
+		if len(mine) == 0 {
 			delete(m.spares, sb)
 		}
 	}
@@ -129,11 +171,11 @@ func (m *Manager) dropSpares(ctx context.Context, match func(sandbox string, sp 
 func (m *Manager) releasePreps(ck string) {
 	m.mu.Lock()
 	var preps []*sandbox.PreparedRoot
-	for id, sp := range m.spares {
-		if sp.checkpoint == ck && sp.prep != nil {
+	for _, mine := range m.spares {
+		if sp, ok := mine[ck]; ok && sp.prep != nil {
 			preps = append(preps, sp.prep)
 			sp.prep = nil
-			m.spares[id] = sp
+			mine[ck] = sp
 		}
 	}
 	m.mu.Unlock()
@@ -146,9 +188,11 @@ func (m *Manager) releasePreps(ck string) {
 func (m *Manager) spareLayers() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]string, 0, len(m.spares))
-	for _, sp := range m.spares {
-		out = append(out, sp.layer)
+	var out []string
+	for _, mine := range m.spares {
+		for _, sp := range mine {
+			out = append(out, sp.layer)
+		}
 	}
 	return out
 }
