@@ -40,9 +40,16 @@ func (u UnittestEvaluator) Evaluate(ctx context.Context, t *Tools) (float64, err
 	var r ExecResult
 	var err error
 	if u.Session {
-		dir := path.Join(t.Executor().Workspace(), u.Dir)
-		r, err = t.Executor().Shell(ctx, "(cd "+shellQuote(dir)+" && PYTHONDONTWRITEBYTECODE=1 python3 -m unittest)",
-			SessionOptions{Timeout: timeout, Stdout: &out, Stderr: w})
+		dir := u.Dir
+		if !path.IsAbs(dir) {
+			dir = path.Join(t.Executor().Workspace(), dir)
+		}
+		// The suite's own time limit (timeout(1), where the image has it):
+		// a session call that times out costs the session, and the agent
+		// its shell state.
+		code := fmt.Sprintf("(cd %s && t=; command -v timeout >/dev/null && t='timeout -k 5 %d'; PYTHONDONTWRITEBYTECODE=1 $t python3 -m unittest)",
+			shellQuote(dir), int(timeout.Seconds()+0.5))
+		r, err = t.Executor().Shell(ctx, code, SessionOptions{Timeout: timeout + 30*time.Second, Stdout: &out, Stderr: w})
 	} else {
 		r, err = t.Executor().Exec(ctx, Cmd{
 			Argv: []string{"python3", "-m", "unittest"}, Cwd: u.Dir, Timeout: timeout,

@@ -28,6 +28,7 @@ import (
 type Program struct {
 	calls []progCall
 	data  []byte // strings, NUL-terminated, at the start of scratch memory
+	clone int    // index of the Clone call plus one, 0 when none
 }
 
 type progCall struct {
@@ -78,14 +79,16 @@ func (pg *Program) Try(what string, nr uintptr, args ...Arg) int {
 }
 
 // Clone adds clone(flags, 0, 0, childTid, 0) (see Proc.Clone): Run returns
-// the new process, attached and stopped.
+// the new process, attached and stopped. A program has at most one.
 func (pg *Program) Clone(what string, flags, childTid uintptr) int {
 	a := cloneArgs(flags, childTid)
 	args := make([]Arg, len(a))
 	for i, v := range a {
 		args[i] = Value(v)
 	}
-	return pg.add(what, unix.SYS_CLONE, false, args)
+	i := pg.add(what, unix.SYS_CLONE, false, args)
+	pg.clone = i + 1 // stored off by one: a zero Program has none
+	return i
 }
 
 func (pg *Program) add(what string, nr uintptr, try bool, args []Arg) int {
@@ -156,6 +159,23 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 	if pg.resultsOffset()+8*uintptr(len(pg.calls)) > scratchSize {
 		return res, fmt.Errorf("program data of %d bytes does not fit in scratch memory: %w", len(pg.data), errdefs.ErrInvalidArgument)
 	}
+	defer func() {
+		// As Batch.Clone: a clone the kernel reported no process for is an
+		// error, never a nil child.
+		if i := pg.clone - 1; err == nil && i >= 0 && i < len(res.Results) && res.Child == nil {
+			err = fmt.Errorf("clone returned %d but reported no new process: %w", res.Results[i], errdefs.ErrInvalidArgument)
+		}
+	}()
+	// The program ends in an int3, whose SIGTRAP the kernel forces through:
+	// one the process blocks or ignores would be unblocked and reset to its
+	// default action (a bash "trap '' TRAP" lost). Such a process gets the
+	// calls one injection each.
+	if trapped, err := trapHeld(p.pid); err != nil || trapped {
+		if err != nil {
+			return res, err
+		}
+		return p.runStepwise(pg, scratch)
+	}
 	insn, err := p.syscallInsn()
 	if err != nil {
 		return res, err
@@ -181,9 +201,6 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 	if _, err := mem.ReadAt(saved, int64(at)); err != nil {
 		return res, fmt.Errorf("read code: %w", err)
 	}
-	if _, err := mem.WriteAt(code, int64(at)); err != nil {
-		return res, fmt.Errorf("write code: %w", err)
-	}
 	defer func() {
 		// The page's own code back, whatever happened: the tracee (and a
 		// child forked from it) would run ours otherwise.
@@ -205,6 +222,9 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 			res.Child = nil
 		}
 	}()
+	if _, err := mem.WriteAt(code, int64(at)); err != nil {
+		return res, fmt.Errorf("write code: %w", err)
+	}
 
 	r := p.resume
 	r.SetPC(at)
@@ -303,4 +323,69 @@ func writeMemForce(pid int, addr uintptr, b []byte) (int, error) {
 	}
 	defer f.Close()
 	return f.WriteAt(b, int64(addr))
+}
+
+// runStepwise runs pg one injection per call (see Proc.inject): for a
+// process whose SIGTRAP a program's breakpoint would disturb.
+func (p *Proc) runStepwise(pg *Program, scratch uintptr) (res RunResult, err error) {
+	if err := writeMem(p.pid, scratch, pg.data); err != nil {
+		return res, err
+	}
+	for i, call := range pg.calls {
+		var args [6]uintptr
+		for j, a := range call.args[:call.nargs] {
+			switch a.kind {
+			case argValue:
+				args[j] = a.v
+			case argData:
+				args[j] = scratch + a.v
+			case argResult:
+				if int(a.v) >= i {
+					return res, fmt.Errorf("call %d (%s) uses the result of call %d: %w", i, call.what, a.v, errdefs.ErrInvalidArgument)
+				}
+				args[j] = res.Results[a.v]
+			}
+		}
+		ret, child, ierr := p.inject(call.nr, args[:call.nargs]...)
+		if child != 0 {
+			c := &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
+			if werr := waitNewChild(child, &c.pending); werr != nil {
+				_ = unix.Kill(child, unix.SIGKILL)
+				_, _, _ = wait4(child, 0)
+				return res, errors.Join(ierr, fmt.Errorf("clone %d: %w", p.pid, werr))
+			}
+			p.w.procs++
+			res.Child = c
+		}
+		var errno unix.Errno
+		switch {
+		case errors.As(ierr, &errno) && call.try:
+			ret = uintptr(-int64(errno))
+		case errors.As(ierr, &errno):
+			return res, &ProgramError{What: call.what, Err: errno}
+		case ierr != nil:
+			return res, ierr
+		}
+		res.Results = append(res.Results, ret)
+	}
+	return res, nil
+}
+
+// trapHeld reports whether pid blocks or ignores SIGTRAP.
+func trapHeld(pid int) (bool, error) {
+	const bit = 1 << (unix.SIGTRAP - 1)
+	for _, field := range []string{"SigBlk", "SigIgn"} {
+		v, err := statusField(pid, field)
+		if err != nil {
+			return false, fmt.Errorf("signal state of %d: %w", pid, err)
+		}
+		mask, err := strconv.ParseUint(v, 16, 64)
+		if err != nil {
+			return false, fmt.Errorf("signal state of %d: %s %q: %w", pid, field, v, err)
+		}
+		if mask&bit != 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

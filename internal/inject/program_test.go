@@ -171,3 +171,49 @@ func TestProgram(t *testing.T) {
 		t.Fatalf("after the programs, python printed %q, want %q", l, "got hello")
 	}
 }
+
+// TestProgramKeepsIgnoredSIGTRAP runs a program in a process that ignores
+// SIGTRAP (bash's "trap ” TRAP"): a breakpoint's forced SIGTRAP would reset
+// that to the default action, so the calls run one injection each, and the
+// process still ignores it afterwards.
+func TestProgramKeepsIgnoredSIGTRAP(t *testing.T) {
+	tr := setup(t)
+	tg := python(t, "import signal\nsignal.signal(signal.SIGTRAP, signal.SIG_IGN)\n"+echo)
+	blockedIn(t, tg.pid, unix.SYS_READ)
+	ignored := func() bool {
+		t.Helper()
+		v := statusField(t, tg.pid, "SigIgn")
+		mask, err := strconv.ParseUint(v, 16, 64)
+		if err != nil {
+			t.Fatalf("SigIgn %q: %v", v, err)
+		}
+		return mask&(1<<(unix.SIGTRAP-1)) != 0
+	}
+	if !ignored() {
+		t.Fatal("python does not ignore SIGTRAP")
+	}
+	p := seize(t, tr, tg.pid)
+	scratch, err := p.Scratch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pg inject.Program
+	pid := pg.Call("getpid", unix.SYS_GETPID)
+	pg.Try("close a closed fd", unix.SYS_CLOSE, inject.Value(9999))
+	var res inject.RunResult
+	err = p.Batch(func(b *inject.Batch) error {
+		res, err = b.Run(p, &pg, scratch)
+		return err
+	})
+	if err != nil || len(res.Results) != 2 || int(res.Results[pid]) != tg.pid || int64(res.Results[1]) != -int64(unix.EBADF) {
+		t.Fatalf("Run() = %+v, %v, want getpid %d and EBADF", res, err, tg.pid)
+	}
+	detach(t, p, false)
+	if !ignored() {
+		t.Error("after the program, SIGTRAP is no longer ignored")
+	}
+	tg.write(t, "hello\n")
+	if l := tg.line(t); l != "got hello" {
+		t.Fatalf("after the program, python printed %q", l)
+	}
+}

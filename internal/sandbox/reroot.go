@@ -27,6 +27,7 @@ import (
 // On failure before the pivot the sandbox keeps its old root (with its
 // processes gone); a failure in the pivot itself leaves it dead.
 func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
+	s.interruptPreps(true) // made for the root and generation this replaces
 	s.mu.Lock()
 	if s.destroyed || !s.g.alive() {
 		s.mu.Unlock()

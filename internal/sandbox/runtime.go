@@ -610,6 +610,7 @@ func (s *Sandbox) Thaw(ctx context.Context) error { return s.cg.Thaw(ctx) }
 // Destroy kills every process of the sandbox and removes its mounts, cgroup
 // and run directory. It is idempotent.
 func (s *Sandbox) Destroy(ctx context.Context) error {
+	s.interruptPreps(true)
 	s.mu.Lock()
 	for _, ss := range s.sess {
 		ss.closePipes()

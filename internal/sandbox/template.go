@@ -205,7 +205,10 @@ func (r *Runtime) tidOffset(ctx context.Context, p *inject.Proc) (uintptr, error
 // that the first checkpoint does not pay for a process start and a scan
 // (about 10 ms) in its pause.
 func (r *Runtime) hostTIDOffset(ctx context.Context) (uintptr, error) {
-	r.tidOnce.Do(func() { r.hostTID, r.hostTIDErr = r.calibrateTID(ctx) })
+	// Not the caller's context: the result is kept for the runtime's life,
+	// and a cancelled preparation must not leave it an error (seizeTimeout
+	// bounds the calibration).
+	r.tidOnce.Do(func() { r.hostTID, r.hostTIDErr = r.calibrateTID(context.WithoutCancel(ctx)) })
 	return r.hostTID, r.hostTIDErr
 }
 
@@ -410,6 +413,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		// No spare was ready: its setup joins the pause.
 		if err := s.rt.rootInit(ctx, s, next, root); err != nil {
 			spent = true
+			<-verified
 			return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 		}
 		nextRoot = root
@@ -744,11 +748,17 @@ func (s *Sandbox) prepareNext() {
 		s.switchMu.RLock()
 		defer s.switchMu.RUnlock()
 		// Before the unlock: whatever replaces the live generation next
-		// asks for its own spare, and must not find this one in flight.
+		// asks for its own spare, and must not find this one in flight. One
+		// interrupted (by what replaced the generation it was for) asks
+		// again, for the new one: that operation's own ask found it in
+		// flight.
 		defer func() {
 			s.mu.Lock()
 			s.nexting = false
 			s.mu.Unlock()
+			if ctx.Err() != nil {
+				s.prepareNext()
+			}
 		}()
 		g, groot, err := s.takeNext(ctx)
 		if err != nil {
@@ -1105,7 +1115,7 @@ func enter(b *inject.Batch, c *inject.Proc, t *template, pfd uintptr, held []int
 		if keepFiles && f.Role == fdReopen {
 			continue
 		}
-		if !pg.Fits(4, len(f.Path)+1) {
+		if !pg.Fits(5, len(f.Path)+1) { // this fd's four, and the final close
 			if err := run(); err != nil {
 				return err
 			}
@@ -1501,9 +1511,10 @@ type PreparedRoot struct {
 }
 
 // PrepareRoot prepares a restore of the sandbox to ts on view (see
-// PreparedRoot). A restore, reroot or checkpoint of the sandbox that comes
-// meanwhile interrupts it (see interruptPreps): it then fails, or returns
-// a preparation whose clones were not all warmed.
+// PreparedRoot). A restore, reroot, checkpoint or delete of the sandbox
+// that comes meanwhile interrupts it (see interruptPreps): it then fails,
+// or returns a preparation without clones (a restore then clones) or whose
+// clones were not all warmed.
 func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.View) (*PreparedRoot, error) {
 	ctx, done := s.startPrep(ctx, true)
 	defer done()
@@ -1513,8 +1524,10 @@ func (s *Sandbox) PrepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	}
 	// The clones, still attached, are registered as the sandbox's own: no
 	// lock is needed to keep a checkpoint from taking them for workload.
-	if s.rt.warm > 0 && len(clones) > 0 {
+	// The templates stay pinned while their pages are read.
+	if s.rt.warm > 0 && len(clones) > 0 && ts.use() {
 		p.warm(ctx, clones)
+		ts.users.Done()
 	}
 	stopClones(s.log, clones)
 	return p, nil
@@ -1552,10 +1565,14 @@ func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 			p.Release()
 		}
 	}()
-	if p.target, err = s.mountRoot(view); err != nil {
+	target, err := s.mountRoot(view)
+	if err != nil {
 		return nil, nil, err
 	}
-	if err := s.rt.rootInit(ctx, s, g, p.target); err != nil {
+	p.mu.Lock() // Release may run meanwhile (a delete)
+	p.target = target
+	p.mu.Unlock()
+	if err := s.rt.rootInit(ctx, s, g, target); err != nil {
 		return nil, nil, err
 	}
 	g.prehold(ctx, len(ts.procs))
@@ -1712,16 +1729,16 @@ func (p *PreparedRoot) Release() {
 		return
 	}
 	p.mu.Lock()
-	used := p.used
+	used, target := p.used, p.target
 	p.used = true
 	p.mu.Unlock()
 	if used {
 		return
 	}
 	p.dropClones()
-	if p.target != "" {
-		_ = unix.Unmount(p.target, unix.MNT_DETACH)
-		_ = os.Remove(p.target)
+	if target != "" {
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		_ = os.Remove(target)
 	}
 	if p.g != nil {
 		p.g.release() // dead before it stops counting as one of ours

@@ -225,6 +225,7 @@ func mountAttached(file, mnt string) (bool, error) {
 		return false, fmt.Errorf("open btrfs image %q: %w", file, err)
 	}
 	m, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var errs []error
 	for _, p := range m {
 		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
 		// The open descriptor keeps the device from detaching (and being
@@ -241,11 +242,15 @@ func mountAttached(file, mnt string) (bool, error) {
 		err = unix.Mount(dev, mnt, "btrfs", 0, "")
 		unix.Close(fd)
 		if err != nil {
-			return false, fmt.Errorf("mount btrfs image %q (still attached to %s) at %q: %w", file, dev, mnt, err)
+			// Another device on the same file may be the live one.
+			errs = append(errs, fmt.Errorf("mount btrfs image %q (still attached to %s) at %q: %w", file, dev, mnt, err))
+			continue
 		}
 		return true, nil
 	}
-	return false, nil
+	// Attached but mountable nowhere: a fresh attachment would mount a
+	// stale copy, so this is an error, not a fallback.
+	return false, errors.Join(errs...)
 }
 
 // attachAndMount attaches file to a free loop device with autoclear and
