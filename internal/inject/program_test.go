@@ -54,6 +54,15 @@ func code(t *testing.T, pid int) map[string][]byte {
 	return out
 }
 
+// run runs pg in p, in a batch of its own.
+func run(p *inject.Proc, pg *inject.Program, scratch uintptr) (res inject.RunResult, err error) {
+	err = p.Batch(func(b *inject.Batch) error {
+		res, err = b.Run(p, pg, scratch)
+		return err
+	})
+	return res, err
+}
+
 func sameCode(t *testing.T, who string, got, want map[string][]byte) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -94,12 +103,7 @@ func TestProgram(t *testing.T) {
 	bad := pg.Try("close a closed fd", unix.SYS_CLOSE, inject.Value(9999))
 	pg.Call("lseek", unix.SYS_LSEEK, inject.Value(100), inject.Value(2), inject.Value(0))
 	pid := pg.Call("getpid", unix.SYS_GETPID)
-	var res inject.RunResult
-	err = p.Batch(func(b *inject.Batch) error {
-		var err error
-		res, err = b.Run(p, &pg, scratch)
-		return err
-	})
+	res, err := run(p, &pg, scratch)
 	if err != nil {
 		t.Fatalf("Run() = %v", err)
 	}
@@ -118,10 +122,7 @@ func TestProgram(t *testing.T) {
 	fail.Call("getpid", unix.SYS_GETPID)
 	fail.Call("close a closed fd", unix.SYS_CLOSE, inject.Value(9999))
 	fail.Call("never", unix.SYS_DUP3, inject.Value(100), inject.Value(101), inject.Value(0))
-	err = p.Batch(func(b *inject.Batch) error {
-		res, err = b.Run(p, &fail, scratch)
-		return err
-	})
+	res, err = run(p, &fail, scratch)
 	var perr *inject.ProgramError
 	if !errors.As(err, &perr) || perr.What != "close a closed fd" || !errors.Is(err, unix.EBADF) || len(res.Results) != 1 {
 		t.Fatalf("Run() of a failing program = %+v, %v, want a ProgramError of the close (EBADF) after one result", res, err)
@@ -200,11 +201,7 @@ func TestProgramKeepsIgnoredSIGTRAP(t *testing.T) {
 	var pg inject.Program
 	pid := pg.Call("getpid", unix.SYS_GETPID)
 	pg.Try("close a closed fd", unix.SYS_CLOSE, inject.Value(9999))
-	var res inject.RunResult
-	err = p.Batch(func(b *inject.Batch) error {
-		res, err = b.Run(p, &pg, scratch)
-		return err
-	})
+	res, err := run(p, &pg, scratch)
 	if err != nil || len(res.Results) != 2 || int(res.Results[pid]) != tg.pid || int64(res.Results[1]) != -int64(unix.EBADF) {
 		t.Fatalf("Run() = %+v, %v, want getpid %d and EBADF", res, err, tg.pid)
 	}
