@@ -124,11 +124,11 @@ func (ts *Templates) Disconnect() {
 	ts.users.Wait()
 	ts.bg.Wait()
 	ts.mu.Lock()
-	spare := ts.spare // not persisted: a next daemon makes its own
-	ts.spare = nil
+	spares := ts.spares // not persisted: a next daemon makes its own
+	ts.spares = nil
 	ts.mu.Unlock()
-	if spare != nil {
-		spare.release()
+	for _, g := range spares {
+		g.release()
 	}
 	for g := ts.g; g != nil; g = g.parent {
 		if g.c != nil {

@@ -42,12 +42,14 @@ type Templates struct {
 
 	rt *Runtime
 
-	mu       sync.Mutex // guards released, spare and refilling
+	mu       sync.Mutex // guards released, spares, want and refilling
 	released bool
-	// spare is a child generation of g made ahead of time, set up on the
-	// stand-in root: a restore or fork takes it instead of booting an init.
-	spare     *generation
-	refilling bool           // a spare is being made
+	// spares are child generations of g made ahead of time, set up on the
+	// stand-in root: a restore or fork takes one instead of booting an
+	// init. want is how many are kept (see WantSpares).
+	spares    []*generation
+	want      int
+	refilling bool           // spares are being made
 	bg        sync.WaitGroup // the making of spares
 	quit      chan struct{}  // closed by Release: a spare still queued gives up
 	users     sync.WaitGroup // restores, forks and preparations using them (see use)
@@ -74,8 +76,10 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 		ts.mu.Unlock()
 		return nil, fmt.Errorf("the templates are gone: %w", errdefs.ErrFailedPrecondition)
 	}
-	g := ts.spare
-	ts.spare = nil
+	var g *generation
+	if n := len(ts.spares); n > 0 {
+		g, ts.spares = ts.spares[n-1], ts.spares[:n-1]
+	}
 	ts.mu.Unlock()
 	defer ts.refill()
 	if g != nil && g.alive() {
@@ -89,11 +93,26 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 	return ts.rt.spawnGeneration(ctx, ts.g, cg, log)
 }
 
-// refill makes a spare generation in the background, unless there is one,
-// and sets it up ahead on the stand-in root (see Runtime.setUpAhead).
+// maxSpares bounds the spare generations kept for one set of templates.
+const maxSpares = 16
+
+// WantSpares has the templates keep n spare generations (at least one, at
+// most maxSpares) from now on, made in the background: a fan-out of n
+// forks from this checkpoint finds them ready the next time. Each costs an
+// idle init (about a megabyte).
+func (ts *Templates) WantSpares(n int) {
+	ts.mu.Lock()
+	ts.want = min(max(n, 1), maxSpares)
+	ts.mu.Unlock()
+	ts.refill()
+}
+
+// refill makes spare generations in the background until there are as many
+// as wanted (one by default), each set up ahead on the stand-in root (see
+// Runtime.setUpAhead).
 func (ts *Templates) refill() {
 	ts.mu.Lock()
-	if ts.released || ts.spare != nil || ts.refilling {
+	if ts.released || len(ts.spares) >= max(ts.want, 1) || ts.refilling {
 		ts.mu.Unlock()
 		return
 	}
@@ -106,24 +125,32 @@ func (ts *Templates) refill() {
 			ts.refilling = false
 			ts.mu.Unlock()
 		}()
-		g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
-		if err != nil {
-			return
-		}
-		if err := ts.rt.setUpAhead(ctx, g); err != nil {
-			ts.rt.log.Debug("spare generation of templates: setup failed", "err", err)
-			g.release()
-			return
-		}
-		g.prehold(ctx, len(ts.procs)) // the clones' stdio, held ahead too
-		ts.mu.Lock()
-		if ts.released || ts.spare != nil {
+		for {
+			ts.mu.Lock()
+			enough := ts.released || len(ts.spares) >= max(ts.want, 1)
 			ts.mu.Unlock()
-			g.release()
-			return
+			if enough || ctx.Err() != nil {
+				return
+			}
+			g, err := ts.rt.spawnGeneration(ctx, ts.g, ts.cg, ts.rt.log)
+			if err != nil {
+				return
+			}
+			if err := ts.rt.setUpAhead(ctx, g); err != nil {
+				ts.rt.log.Debug("spare generation of templates: setup failed", "err", err)
+				g.release()
+				return
+			}
+			g.prehold(ctx, len(ts.procs)) // the clones' stdio, held ahead too
+			ts.mu.Lock()
+			if ts.released {
+				ts.mu.Unlock()
+				g.release()
+				return
+			}
+			ts.spares = append(ts.spares, g)
+			ts.mu.Unlock()
 		}
-		ts.spare = g
-		ts.mu.Unlock()
 	})
 }
 
@@ -1220,11 +1247,11 @@ func (ts *Templates) Release() {
 	ts.users.Wait() // restores and forks that pinned them
 	ts.bg.Wait()
 	ts.mu.Lock()
-	spare := ts.spare
-	ts.spare = nil
+	spares := ts.spares
+	ts.spares = nil
 	ts.mu.Unlock()
-	if spare != nil {
-		spare.release()
+	for _, g := range spares {
+		g.release()
 	}
 	var dying []int
 	for _, t := range ts.procs {

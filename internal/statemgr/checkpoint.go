@@ -569,6 +569,11 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 	if err := g.Wait(); err != nil {
 		return daemon.ForkResult{}, fmt.Errorf("fork %q: %w", ckID, err)
 	}
+	if ts != nil {
+		// The next fan-out from here (a policy's next batch of rollouts
+		// from the same state) finds its generations ready.
+		ts.WantSpares(n)
+	}
 	return daemon.ForkResult{IDs: ids, ForkMs: msSince(began)}, nil
 }
 

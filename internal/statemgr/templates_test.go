@@ -792,3 +792,51 @@ func TestTemplatesSpareSetUpAhead(t *testing.T) {
 		t.Errorf("the sandbox's init %d after the restore: root %q, want the sandbox's", info.InitPid, root)
 	}
 }
+
+// TestForkFanOutsFindGenerationsReady forks a checkpoint three times, then
+// again: after the first fan-out its templates keep three generations set
+// up ahead, and the second fan-out's sandboxes run in them, each with the
+// checkpoint's session.
+func TestForkFanOutsFindGenerationsReady(t *testing.T) {
+	m := newManager(t)
+	ctx := context.Background()
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `x = 41`)
+	ck := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "python")
+	fanOut := func() []string {
+		t.Helper()
+		res, err := m.Fork(ctx, ck.ID, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, f := range res.IDs {
+				_ = m.DeleteSandbox(context.Background(), f, true)
+			}
+		})
+		return res.IDs
+	}
+	fanOut()
+	ahead := map[int]bool{}
+	for deadline := time.Now().Add(60 * time.Second); len(ahead) < 3 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		pids, _ := testutil.CgroupProcs("tpl-" + ck.ID)
+		for _, p := range pids {
+			if strings.HasSuffix(rootOf(t, p), "/.stand-in") {
+				ahead[p] = true
+			}
+		}
+	}
+	if len(ahead) < 3 {
+		t.Fatalf("after a fan-out of 3: %d generations set up ahead, want 3", len(ahead))
+	}
+	for _, f := range fanOut() {
+		info, err := m.GetSandbox(ctx, f)
+		if err != nil || !ahead[info.InitPid] {
+			t.Errorf("fork %s runs in init %d (%v), want one of those set up ahead %v", f, info.InitPid, err, ahead)
+		}
+		if r := session(t, m, f, sandbox.SessionPython, `print(x + 1)`); r.stdout != "42\n" {
+			t.Errorf("fork %s: %q %q", f, r.stdout, r.stderr)
+		}
+	}
+}
