@@ -94,7 +94,7 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 }
 
 // maxSpares bounds the spare generations kept for one set of templates.
-const maxSpares = 16
+const maxSpares = 64
 
 // WantSpares has the templates keep n spare generations (at least one, at
 // most maxSpares) from now on, made in the background: a fan-out of n
