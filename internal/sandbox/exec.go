@@ -207,7 +207,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	}
 	wg.Wait()
 	p.closeHostEnds()
-	res.StdoutTruncated, res.StderrTruncated = outW.truncated, errW.truncated
+	res.StdoutTruncated, res.StderrTruncated = outW.stop(), errW.stop()
 	res.Duration = time.Since(began)
 	s.releaseCgroup(p.cg)
 	if waitErr != nil {
@@ -359,13 +359,26 @@ func orDiscard(w io.Writer) io.Writer {
 // limitWriter passes at most n bytes to w, then writes TruncationMarker once
 // and discards the rest (still consuming it, so the writer never blocks).
 type limitWriter struct {
+	mu        sync.Mutex // a session call's reader may still write when the call returns
 	w         io.Writer
 	n         int64
 	truncated bool
+	closed    bool // see stop
+}
+
+// stop ends the forwarding (the call that owned the writer returned: it is
+// its caller's again) and reports whether the output was truncated.
+func (l *limitWriter) stop() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	return l.truncated
 }
 
 func (l *limitWriter) Write(b []byte) (int, error) {
-	if l.truncated {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.truncated || l.closed {
 		return len(b), nil
 	}
 	if int64(len(b)) <= l.n {

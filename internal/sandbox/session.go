@@ -269,13 +269,29 @@ func (ss *session) call(ctx context.Context, s *Sandbox, req SessionRequest) (re
 			gotErr = true
 		case <-timer:
 			ss.kill()
-			return ExecResult{ExitCode: ExitTimeout, TimedOut: true, StdoutTruncated: outW.truncated, StderrTruncated: errW.truncated}, false, nil
+			return ExecResult{ExitCode: ExitTimeout, TimedOut: true, StdoutTruncated: outW.stop(), StderrTruncated: errW.stop()}, false, nil
 		case <-ctx.Done():
 			ss.kill()
+			outW.stop()
+			errW.stop()
 			return ExecResult{}, false, ctx.Err()
 		}
 		if (gotOut && out.err != nil) || (gotErr && serr.err != nil) {
-			// A stream ended without its marker: the session died.
+			// A stream ended without its marker: the session died. The
+			// other one's last bytes come first (it ends at once, unless
+			// something the session started still holds it).
+			if !gotOut {
+				select {
+				case <-outCh:
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+			if !gotErr {
+				select {
+				case <-errCh:
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
 			return ss.finishDead(ctx, outW, errW), false, nil
 		}
 	}
@@ -283,13 +299,13 @@ func (ss *session) call(ctx context.Context, s *Sandbox, req SessionRequest) (re
 	if perr != nil {
 		return ExecResult{}, false, fmt.Errorf("bad end marker %q", out.tail)
 	}
-	return ExecResult{ExitCode: code, StdoutTruncated: outW.truncated, StderrTruncated: errW.truncated}, true, nil
+	return ExecResult{ExitCode: code, StdoutTruncated: outW.stop(), StderrTruncated: errW.stop()}, true, nil
 }
 
 // finishDead reports a session that died mid-call: what it printed was
 // already forwarded; the exit code is its own.
 func (ss *session) finishDead(ctx context.Context, outW, errW *limitWriter) ExecResult {
-	res := ExecResult{ExitCode: 128 + 9, StdoutTruncated: outW.truncated, StderrTruncated: errW.truncated}
+	res := ExecResult{ExitCode: 128 + 9, StdoutTruncated: outW.stop(), StderrTruncated: errW.stop()}
 	select {
 	case st := <-ss.p.status:
 		res.ExitCode = exitCodeOf(st)
