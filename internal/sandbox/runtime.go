@@ -96,6 +96,9 @@ type Runtime struct {
 	adoptMu sync.Mutex             // guards adopted
 	adopted map[string]*generation // generations taken back from a previous daemon, by pid-start
 
+	fanOutMu sync.Mutex
+	fanOut   *Templates // the templates keeping spares for a fan-out (see WantSpares)
+
 	tidOnce    sync.Once
 	hostTID    uintptr // where the host's libc keeps a thread's id (see tidOffset)
 	hostTIDErr error

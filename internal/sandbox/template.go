@@ -99,12 +99,35 @@ const maxSpares = 64
 // WantSpares has the templates keep n spare generations (at least one, at
 // most maxSpares) from now on, made in the background: a fan-out of n
 // forks from this checkpoint finds them ready the next time. Each costs an
-// idle init (about a megabyte).
+// idle init (about a megabyte), so only the templates of the runtime's
+// latest fan-out keep more than one: the previous ones go back to one.
 func (ts *Templates) WantSpares(n int) {
+	ts.rt.fanOutMu.Lock()
+	prev := ts.rt.fanOut
+	ts.rt.fanOut = ts
+	ts.rt.fanOutMu.Unlock()
+	if prev != nil && prev != ts {
+		prev.keepSpares(1)
+	}
 	ts.mu.Lock()
 	ts.want = min(max(n, 1), maxSpares)
 	ts.mu.Unlock()
 	ts.refill()
+}
+
+// keepSpares lowers the spares kept to n, releasing the extra ones.
+func (ts *Templates) keepSpares(n int) {
+	ts.mu.Lock()
+	ts.want = n
+	var extra []*generation
+	if len(ts.spares) > n {
+		extra = append(extra, ts.spares[n:]...)
+		ts.spares = ts.spares[:n]
+	}
+	ts.mu.Unlock()
+	for _, g := range extra {
+		g.release()
+	}
 }
 
 // refill makes spare generations in the background until there are as many
@@ -143,7 +166,7 @@ func (ts *Templates) refill() {
 			}
 			g.prehold(ctx, len(ts.procs)) // the clones' stdio, held ahead too
 			ts.mu.Lock()
-			if ts.released {
+			if ts.released || len(ts.spares) >= max(ts.want, 1) { // fewer wanted meanwhile
 				ts.mu.Unlock()
 				g.release()
 				return
@@ -1244,6 +1267,11 @@ func (ts *Templates) Release() {
 		return
 	}
 	close(ts.quit)
+	ts.rt.fanOutMu.Lock()
+	if ts.rt.fanOut == ts {
+		ts.rt.fanOut = nil
+	}
+	ts.rt.fanOutMu.Unlock()
 	ts.users.Wait() // restores and forks that pinned them
 	ts.bg.Wait()
 	ts.mu.Lock()

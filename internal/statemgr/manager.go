@@ -107,6 +107,7 @@ type Manager struct {
 	poolDone   sync.WaitGroup
 	spares     map[string]map[string]spare // spare branches of each sandbox, by checkpoint (spare.go; guarded by mu)
 	spareSeq   uint64                      // the order spares are made in (guarded by mu)
+	spareHead  map[string]string           // the checkpoint of each sandbox's latest spare asked for (guarded by mu)
 	reserved   map[int]bool                // id ranges held for sandboxes not yet stored (guarded by mu)
 	inflight   map[string]bool             // ids handed out, not yet stored or dropped (guarded by mu)
 
@@ -135,7 +136,7 @@ func New(ctx context.Context, opts Options) (_ *Manager, err error) {
 		return nil, fmt.Errorf("open state %q: %w", opts.Root, err)
 	}
 	m := &Manager{root: opts.Root, log: log, live: map[string]*sandbox.Sandbox{}, busy: map[string]int{},
-		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]map[string]spare{},
+		ops: map[string]*sync.Mutex{}, reserved: map[int]bool{}, inflight: map[string]bool{}, spares: map[string]map[string]spare{}, spareHead: map[string]string{},
 		tpl: map[string]*heldTemplates{}, tplGone: map[string]string{}, tplBudget: opts.TemplateBudget,
 		keepTpl: opts.KeepTemplates}
 	if m.tplBudget <= 0 {
@@ -572,6 +573,9 @@ func (m *Manager) DeleteSandbox(ctx context.Context, id string, force bool) erro
 	}
 	m.bg.Wait() // a restore's old layer, or a spare, may still be on its way
 	m.dropSpares(ctx, func(sb string, _ spare) bool { return sb == id })
+	m.mu.Lock()
+	delete(m.spareHead, id)
+	m.mu.Unlock()
 	if err := m.removeRecord(ctx, r); err != nil {
 		return err
 	}

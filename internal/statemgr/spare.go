@@ -43,6 +43,9 @@ func (m *Manager) drop(sp spare) {
 // makeSpare prepares a spare branch of checkpoint ck (committed layer
 // ckLayer) for sandbox id, in the background.
 func (m *Manager) makeSpare(id, ck, ckLayer string) {
+	m.mu.Lock()
+	m.spareHead[id] = ck // the latest call's: spares finish out of order
+	m.mu.Unlock()
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
@@ -57,8 +60,9 @@ func (m *Manager) makeSpare(id, ck, ckLayer string) {
 		m.spareSeq++
 		sp := spare{checkpoint: ck, layer: in.ID, made: m.spareSeq}
 		sb := m.live[id]
+		head := m.spareHead[id] == ck
 		m.mu.Unlock()
-		if sb != nil {
+		if sb != nil && head {
 			sp.prep = m.prepareRoot(sb, ck, in.ID)
 		}
 		var doomed []spare
@@ -73,9 +77,14 @@ func (m *Manager) makeSpare(id, ck, ckLayer string) {
 			if old, had := mine[ck]; had {
 				doomed = append(doomed, old)
 			}
-			// The restore made ready is for the head only.
+			// The restore made ready is for the head only: the others'
+			// go, or this one's if the head moved on meanwhile.
+			if m.spareHead[id] != ck && sp.prep != nil {
+				demoted = append(demoted, sp.prep)
+				sp.prep = nil
+			}
 			for c, o := range mine {
-				if o.prep != nil {
+				if o.prep != nil && c != m.spareHead[id] {
 					demoted = append(demoted, o.prep)
 					o.prep = nil
 					mine[c] = o

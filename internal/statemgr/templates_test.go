@@ -839,4 +839,30 @@ func TestForkFanOutsFindGenerationsReady(t *testing.T) {
 			t.Errorf("fork %s: %q %q", f, r.stdout, r.stderr)
 		}
 	}
+
+	// A fan-out from another checkpoint: the first one's templates go back
+	// to one spare (idle inits cost memory).
+	ck2 := checkpoint(t, m, id, "")
+	res, err := m.Fork(ctx, ck2.ID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.DeleteSandbox(context.Background(), res.IDs[0], true) })
+	standIns := func() int {
+		n := 0
+		pids, _ := testutil.CgroupProcs("tpl-" + ck.ID)
+		for _, p := range pids {
+			if strings.HasSuffix(rootOf(t, p), "/.stand-in") {
+				n++
+			}
+		}
+		return n
+	}
+	n := standIns()
+	for deadline := time.Now().Add(30 * time.Second); n > 1 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n = standIns()
+	}
+	if n > 1 {
+		t.Errorf("after a fan-out from another checkpoint, %s keeps %d generations set up ahead, want at most 1", ck.ID, n)
+	}
 }
