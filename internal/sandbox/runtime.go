@@ -463,28 +463,15 @@ func (r *Runtime) spawnInit(sb *Sandbox, ids IDMap) error {
 // the pivot are done off the critical path; rootInit then only re-roots it
 // into its sandbox's root (one pivot instead of some forty mounts).
 func (r *Runtime) setUpAhead(ctx context.Context, g *generation) error {
-	if err := r.makeStandIn(); err != nil {
+	if _, err := sendRoot(ctx, g, initproto.OpConfig, &initproto.Config{Seccomp: r.filter}, r.standIn, nil); err != nil {
 		return err
-	}
-	tree, err := cloneMount(r.standIn)
-	if err != nil {
-		return err
-	}
-	defer tree.Close()
-	reply, err := g.request(ctx, initproto.Message{Op: initproto.OpConfig, Config: &initproto.Config{Seccomp: r.filter}}, tree)
-	if err != nil {
-		return fmt.Errorf("init setup ahead: %w", err)
-	}
-	if reply.Op != initproto.OpReady {
-		return fmt.Errorf("init setup ahead: unexpected %q", reply.Op)
 	}
 	g.standIn = true
 	return nil
 }
 
-// makeStandIn makes the stand-in root of generations set up ahead (again,
-// if something removed it): read-only to them (host root's, and they only
-// mount on its directories).
+// makeStandIn makes the stand-in root of generations set up ahead:
+// read-only to them (host root's, and they only mount on its directories).
 func (r *Runtime) makeStandIn() error {
 	for _, d := range []string{"proc", "sys", "dev", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(r.standIn, d), 0o755); err != nil {
@@ -498,34 +485,49 @@ func (r *Runtime) makeStandIn() error {
 // its config (it sets the root up), or, when it was set up ahead
 // (setUpAhead), a reroot into it.
 func (r *Runtime) rootInit(ctx context.Context, sb *Sandbox, g *generation, rootfs string) error {
-	// The init gets its root as a detached clone of the root's mount, which
-	// it attaches in its own mount namespace: the path of the host's mount
-	// lies below directories the sandbox's user may not traverse, and an fd
-	// of a mount of the host's namespace cannot be bound from another.
-	tree, err := cloneMount(rootfs)
+	home, err := sb.cg.TasksFile() // v1 only: nil on v2
 	if err != nil {
-		return err
-	}
-	defer tree.Close()
-	files := []*os.File{tree}
-	if home, err := sb.cg.TasksFile(); err == nil && home != nil {
-		files = append(files, home)
+		home = nil
+	} else if home != nil {
 		defer home.Close()
 	}
-	m := initproto.Message{Op: initproto.OpConfig, Config: &initproto.Config{Hostname: sb.hostname, Seccomp: r.filter}}
+	op, cfg := initproto.OpConfig, &initproto.Config{Hostname: sb.hostname, Seccomp: r.filter}
 	if g.standIn {
-		m = initproto.Message{Op: initproto.OpReroot, Config: &initproto.Config{Hostname: sb.hostname}}
+		op, cfg = initproto.OpReroot, &initproto.Config{Hostname: sb.hostname}
 	}
-	reply, err := g.request(ctx, m, files...)
+	reply, err := sendRoot(ctx, g, op, cfg, rootfs, home)
 	if err != nil {
-		return fmt.Errorf("init %s: %w", m.Op, err)
-	}
-	if reply.Op != initproto.OpReady {
-		return fmt.Errorf("init %s: unexpected %q", m.Op, reply.Op)
+		return err
 	}
 	g.standIn = false
 	sb.log.Debug("init ready", "steps", reply.Trace)
 	return nil
+}
+
+// sendRoot sends g's init its root at rootfs (op config or reroot) with
+// cfg and, when not nil, the sandbox cgroup's v1 tasks file, and waits for
+// it to be ready. The init gets the root as a detached clone of its mount,
+// which it attaches in its own mount namespace: the path of the host's
+// mount lies below directories the sandbox's user may not traverse, and an
+// fd of a mount of the host's namespace cannot be bound from another.
+func sendRoot(ctx context.Context, g *generation, op string, cfg *initproto.Config, rootfs string, home *os.File) (initproto.Message, error) {
+	tree, err := cloneMount(rootfs)
+	if err != nil {
+		return initproto.Message{}, err
+	}
+	defer tree.Close()
+	files := []*os.File{tree}
+	if home != nil {
+		files = append(files, home)
+	}
+	reply, err := g.request(ctx, initproto.Message{Op: op, Config: cfg}, files...)
+	if err != nil {
+		return reply, fmt.Errorf("init %s: %w", op, err)
+	}
+	if reply.Op != initproto.OpReady {
+		return reply, fmt.Errorf("init %s: unexpected %q", op, reply.Op)
+	}
+	return reply, nil
 }
 
 // cloneMount returns a detached clone of the mount at dir, to be attached in
