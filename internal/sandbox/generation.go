@@ -50,6 +50,7 @@ type generation struct {
 	standIn bool
 
 	mu      sync.Mutex // guards the fields below
+	nspids  []int      // the init's pid in each pid namespace, host's first (see pidAt)
 	nextID  uint64
 	pending map[uint64]chan initproto.Message // request ID -> answer
 	waiters map[int]chan int                  // pid (in this generation's namespace) -> wait status
@@ -343,3 +344,24 @@ func (r *Runtime) spawnGeneration(ctx context.Context, parent *generation, cg cg
 
 // cgroupAdder is the part of a cgroup spawnGeneration needs.
 type cgroupAdder interface{ Add(pid int) error }
+
+// pidAt is the init's pid in the pid namespace at level (an ancestor's),
+// read once: every clone into the generation needs it.
+func (g *generation) pidAt(level int) (int, error) {
+	g.mu.Lock()
+	ns := g.nspids
+	g.mu.Unlock()
+	if ns == nil {
+		var err error
+		if ns, err = procfs.NSpids(g.hostPid); err != nil {
+			return 0, err
+		}
+		g.mu.Lock()
+		g.nspids = ns
+		g.mu.Unlock()
+	}
+	if level >= len(ns) {
+		return 0, fmt.Errorf("init %d has no pid at level %d (%v): %w", g.hostPid, level, ns, errdefs.ErrInternal)
+	}
+	return ns[level], nil
+}

@@ -590,19 +590,24 @@ func (s *Sandbox) Settle() {
 	}
 }
 
-// settleLater registers a teardown Settle waits for; the caller calls the
-// returned function when it is done.
-func (s *Sandbox) settleLater() func() {
+// tearDown runs f, the teardown of something a restore replaced, in the
+// background: Settle and Destroy wait for it.
+func (s *Sandbox) tearDown(f func()) {
 	ch := make(chan struct{})
 	s.mu.Lock()
 	s.settling[ch] = true
 	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		delete(s.settling, ch)
-		s.mu.Unlock()
-		close(ch)
-	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.settling, ch)
+			s.mu.Unlock()
+			close(ch)
+		}()
+		f()
+	}()
 }
 
 // Freeze stops every process of the sandbox at once (the cgroup freezer), so

@@ -191,6 +191,9 @@ type template struct {
 	fds    []fdRef
 	tidOff uintptr
 	pc, sp uintptr // where it stopped: a template found elsewhere was resumed
+	// scratch is dead stack memory of the template (and of its clones, at
+	// first) for injected arguments, found by its first clone (under mu).
+	scratch uintptr
 }
 
 // fdRole says what a clone does with one of its template's fds.
@@ -729,7 +732,6 @@ func (s *Sandbox) giveBack(g *generation, root string) {
 // replaced generation on their way out: they are no workload.
 func (s *Sandbox) initPids() map[int]bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	out := map[int]bool{s.g.hostPid: true}
 	for p := range s.ancestors {
 		out[p] = true
@@ -746,31 +748,28 @@ func (s *Sandbox) initPids() map[int]bool {
 	for p := range s.leaving {
 		out[p] = true
 	}
-	return out
-}
-
-// notWorkload reports whether a process of the sandbox's cgroup is none of
-// its workload: one of its inits (inits, from initPids), or on its way out
-// (exiting, or of a session a restore replaced).
-func (s *Sandbox) notWorkload(pid int, inits map[int]bool) bool {
-	return inits[pid] || procfs.Exiting(pid) || s.leavingPid(pid)
-}
-
-// leavingPid reports whether pid is in the cgroup of a session a restore
-// replaced, on its way out.
-func (s *Sandbox) leavingPid(pid int) bool {
-	s.mu.Lock()
 	cgs := make([]cgroup.Cgroup, 0, len(s.leavingCgs))
 	for cg := range s.leavingCgs {
 		cgs = append(cgs, cg)
 	}
 	s.mu.Unlock()
+	// The replaced sessions, by their cgroups (read here, once, rather than
+	// listed by the restore that replaced them).
 	for _, cg := range cgs {
-		if pids, err := cg.Procs(); err == nil && slices.Contains(pids, pid) {
-			return true
+		if pids, err := cg.Procs(); err == nil {
+			for _, p := range pids {
+				out[p] = true
+			}
 		}
 	}
-	return false
+	return out
+}
+
+// notWorkload reports whether a process of the sandbox's cgroup is none of
+// its workload: one of its inits or replaced sessions (inits, from
+// initPids), or on its way out.
+func (s *Sandbox) notWorkload(pid int, inits map[int]bool) bool {
+	return inits[pid] || procfs.Exiting(pid)
 }
 
 // prepareNext makes a spare child generation of the live one in the
@@ -1068,21 +1067,23 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 		}
 	}()
 	tr.step("hold")
-	ns, err := procfs.NSpids(next.hostPid)
-	if err != nil || len(ns) <= ts.g.level {
-		return nil, nil, fmt.Errorf("pid of the new init in the template's namespace: %v", err)
-	}
-	scratch, err := tp.Scratch() // the clone's stack is the template's
+	initPid, err := next.pidAt(ts.g.level)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("pid of the new init in the template's namespace: %w", err)
 	}
+	if t.scratch == 0 { // the template never runs again: its stack stays dead
+		if t.scratch, err = tp.Scratch(); err != nil {
+			return nil, nil, err
+		}
+	}
+	scratch := t.scratch // the clone's stack is the template's
 	tid := tp.FSBase() + t.tidOff
 	// One batch on the tracer's thread, two programs (each system calls run
 	// by the tracee in one resume): the template clones itself into next's
 	// pid namespace, the clone enters next's other namespaces.
 	err = tp.Batch(func(b *inject.Batch) error {
 		var pg inject.Program
-		pfd := pg.Call("template: pidfd_open", unix.SYS_PIDFD_OPEN, inject.Value(uintptr(ns[ts.g.level])), inject.Value(0))
+		pfd := pg.Call("template: pidfd_open", unix.SYS_PIDFD_OPEN, inject.Value(uintptr(initPid)), inject.Value(0))
 		pg.Call("template: setns pid", unix.SYS_SETNS, inject.Result(pfd), inject.Value(unix.CLONE_NEWPID))
 		pg.Clone("template: clone", unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid)
 		pg.Try("template: close", unix.SYS_CLOSE, inject.Result(pfd))
@@ -1422,11 +1423,7 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 		s.leavingCgs[cg] = true
 	}
 	s.mu.Unlock()
-	s.bg.Add(1)
-	settled := s.settleLater()
-	go func() {
-		defer s.bg.Done()
-		defer settled()
+	s.tearDown(func() {
 		// Dying takes CPU (their page tables): at the lowest priority, not
 		// against the restored sessions'.
 		lowest := []int{oldG.hostPid}
@@ -1452,7 +1449,7 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 			delete(s.leavingCgs, cg)
 		}
 		s.mu.Unlock()
-	}()
+	})
 	s.detachRoot(oldRoot)
 	s.prepareNext()
 	s.mu.Lock()
@@ -1531,16 +1528,12 @@ func (s *Sandbox) mountRoot(view layer.View) (string, error) {
 // detachRoot detaches an old root's host mount in the background (the
 // processes that still use it keep it alive). Destroy waits for it.
 func (s *Sandbox) detachRoot(old string) {
-	s.bg.Add(1)
-	settled := s.settleLater()
-	go func() {
-		defer s.bg.Done()
-		defer settled()
+	s.tearDown(func() {
 		if err := unix.Unmount(old, unix.MNT_DETACH); err != nil {
 			s.log.Warn("detach old root", "err", err)
 		}
 		_ = os.Remove(old)
-	}()
+	})
 }
 
 // PreparedRoot is a restore made ready ahead of time, off the critical path:
