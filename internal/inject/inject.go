@@ -354,21 +354,37 @@ func (p *Proc) Clone(flags uintptr, childTid uintptr) (*Proc, error) {
 			err = fmt.Errorf("clone returned %d but reported no new process (flags %#x): %w", ret, flags, errdefs.ErrInvalidArgument)
 		}
 		if err == nil {
-			c = &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
-			err = waitNewChild(child, &c.pending)
-		}
-		if err != nil && child != 0 {
-			// Undo the fork: the new process never ran a user instruction.
-			_ = unix.Kill(child, unix.SIGKILL)
-			_, _, _ = wait4(child, 0)
+			c, err = p.adopt(child)
+		} else if child != 0 {
+			undoFork(child)
 		}
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	return c, nil
+}
+
+// adopt takes over child, a process p's injected system call created
+// (traced from birth): it waits for its first stop and returns it attached
+// on p's thread, with p's resume registers. On failure the child is killed
+// and collected.
+func (p *Proc) adopt(child int) (*Proc, error) {
+	c := &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
+	if err := waitNewChild(child, &c.pending); err != nil {
+		undoFork(child)
+		return nil, fmt.Errorf("clone %d: %w", p.pid, err)
+	}
 	p.w.procs++
 	return c, nil
+}
+
+// undoFork kills and collects a new process that never ran a user
+// instruction.
+func undoFork(child int) {
+	_ = unix.Kill(child, unix.SIGKILL)
+	_, _, _ = wait4(child, 0)
 }
 
 // inject runs one system call in the tracee, on the worker thread, and
@@ -791,41 +807,4 @@ func (b *Batch) Syscall(p *Proc, nr uintptr, args ...uintptr) (uintptr, error) {
 		return 0, fmt.Errorf("inject system call %d into %d: %w", nr, p.pid, err)
 	}
 	return r, nil
-}
-
-// Clone is Proc.Clone inside a batch.
-func (b *Batch) Clone(p *Proc, flags uintptr, childTid uintptr) (*Proc, error) {
-	if err := b.check(p); err != nil {
-		return nil, err
-	}
-	args := cloneArgs(flags, childTid)
-	ret, child, err := p.inject(unix.SYS_CLONE, args[:]...)
-	if err == nil && child == 0 {
-		err = fmt.Errorf("clone returned %d but reported no new process (flags %#x): %w", ret, flags, errdefs.ErrInvalidArgument)
-	}
-	var c *Proc
-	if err == nil {
-		c = &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
-		err = waitNewChild(child, &c.pending)
-	}
-	if err != nil {
-		if child != 0 {
-			_ = unix.Kill(child, unix.SIGKILL)
-			_, _, _ = wait4(child, 0)
-		}
-		return nil, fmt.Errorf("clone %d: %w", p.pid, err)
-	}
-	p.w.procs++
-	return c, nil
-}
-
-// WriteMem is Proc.WriteMem inside a batch.
-func (b *Batch) WriteMem(p *Proc, addr uintptr, data []byte) error {
-	if err := b.check(p); err != nil {
-		return err
-	}
-	if err := writeMem(p.pid, addr, data); err != nil {
-		return fmt.Errorf("write memory of %d at %#x: %w", p.pid, addr, err)
-	}
-	return nil
 }

@@ -29,6 +29,7 @@ type Program struct {
 	calls []progCall
 	data  []byte // strings, NUL-terminated, at the start of scratch memory
 	clone int    // index of the Clone call plus one, 0 when none
+	err   error  // the first call that used a result not yet made (Run returns it)
 }
 
 type progCall struct {
@@ -94,6 +95,11 @@ func (pg *Program) Clone(what string, flags, childTid uintptr) int {
 func (pg *Program) add(what string, nr uintptr, try bool, args []Arg) int {
 	c := progCall{what: what, nr: nr, try: try, nargs: min(len(args), 6)}
 	copy(c.args[:], args)
+	for _, a := range c.args[:c.nargs] {
+		if a.kind == argResult && int(a.v) >= len(pg.calls) && pg.err == nil {
+			pg.err = fmt.Errorf("call %d (%s) uses the result of call %d: %w", len(pg.calls), what, a.v, errdefs.ErrInvalidArgument)
+		}
+	}
 	pg.calls = append(pg.calls, c)
 	return len(pg.calls) - 1
 }
@@ -153,8 +159,8 @@ func (b *Batch) Run(p *Proc, pg *Program, scratch uintptr) (RunResult, error) {
 func (pg *Program) resultsOffset() uintptr { return (uintptr(len(pg.data)) + 7) &^ 7 }
 
 func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
-	if len(pg.calls) == 0 {
-		return res, nil
+	if pg.err != nil || len(pg.calls) == 0 {
+		return res, pg.err
 	}
 	if pg.resultsOffset()+8*uintptr(len(pg.calls)) > scratchSize {
 		return res, fmt.Errorf("program data of %d bytes does not fit in scratch memory: %w", len(pg.data), errdefs.ErrInvalidArgument)
@@ -180,10 +186,7 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 	if err != nil {
 		return res, err
 	}
-	code, endOff, err := assemble(pg, scratch)
-	if err != nil {
-		return res, err
-	}
+	code, endOff := assemble(pg, scratch)
 	at := insn &^ (pageSize - 1)
 	end := at + endOff
 	if len(code) > pageSize {
@@ -192,7 +195,7 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 	if err := writeMem(p.pid, scratch, pg.data); err != nil {
 		return res, err
 	}
-	mem, err := os.OpenFile("/proc/"+strconv.Itoa(p.pid)+"/mem", os.O_RDWR, 0)
+	mem, err := openMem(p.pid, os.O_RDWR)
 	if err != nil {
 		return res, err
 	}
@@ -216,7 +219,7 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 		if res.Child == nil {
 			return
 		}
-		if _, werr := writeMemForce(res.Child.pid, at, saved); werr != nil {
+		if werr := writeMemForce(res.Child.pid, at, saved); werr != nil {
 			err = errors.Join(err, fmt.Errorf("restore code of %d: %w", res.Child.pid, werr), res.Child.kill())
 			p.t.released(p.w)
 			res.Child = nil
@@ -237,14 +240,8 @@ func (p *Proc) run(pg *Program, scratch uintptr) (res RunResult, err error) {
 		if child == 0 {
 			return
 		}
-		c := &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
-		if werr := waitNewChild(child, &c.pending); werr != nil {
-			_ = unix.Kill(child, unix.SIGKILL)
-			_, _, _ = wait4(child, 0)
-			err = errors.Join(err, fmt.Errorf("clone %d: %w", p.pid, werr))
-			return
-		}
-		p.w.procs++
+		c, aerr := p.adopt(child)
+		err = errors.Join(err, aerr)
 		res.Child = c
 	}()
 	for {
@@ -314,15 +311,21 @@ func (p *Proc) finish(pg *Program, scratch uintptr, regs Regs, res RunResult) (R
 	return res, nil
 }
 
-// writeMemForce writes b at addr in pid through /proc/pid/mem, which, for
-// its tracer, writes even pages the process may not (code).
-func writeMemForce(pid int, addr uintptr, b []byte) (int, error) {
-	f, err := os.OpenFile("/proc/"+strconv.Itoa(pid)+"/mem", os.O_WRONLY, 0)
+// openMem opens /proc/pid/mem, through which a tracer reads and writes even
+// pages the process itself may not write (code).
+func openMem(pid int, flag int) (*os.File, error) {
+	return os.OpenFile("/proc/"+strconv.Itoa(pid)+"/mem", flag, 0)
+}
+
+// writeMemForce writes b at addr in pid through /proc/pid/mem.
+func writeMemForce(pid int, addr uintptr, b []byte) error {
+	f, err := openMem(pid, os.O_WRONLY)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer f.Close()
-	return f.WriteAt(b, int64(addr))
+	_, err = f.WriteAt(b, int64(addr))
+	return err
 }
 
 // runStepwise runs pg one injection per call (see Proc.inject): for a
@@ -331,7 +334,7 @@ func (p *Proc) runStepwise(pg *Program, scratch uintptr) (res RunResult, err err
 	if err := writeMem(p.pid, scratch, pg.data); err != nil {
 		return res, err
 	}
-	for i, call := range pg.calls {
+	for _, call := range pg.calls {
 		var args [6]uintptr
 		for j, a := range call.args[:call.nargs] {
 			switch a.kind {
@@ -340,21 +343,15 @@ func (p *Proc) runStepwise(pg *Program, scratch uintptr) (res RunResult, err err
 			case argData:
 				args[j] = scratch + a.v
 			case argResult:
-				if int(a.v) >= i {
-					return res, fmt.Errorf("call %d (%s) uses the result of call %d: %w", i, call.what, a.v, errdefs.ErrInvalidArgument)
-				}
 				args[j] = res.Results[a.v]
 			}
 		}
 		ret, child, ierr := p.inject(call.nr, args[:call.nargs]...)
 		if child != 0 {
-			c := &Proc{t: p.t, w: p.w, pid: child, stop: p.resume, resume: p.resume, insn: p.insn}
-			if werr := waitNewChild(child, &c.pending); werr != nil {
-				_ = unix.Kill(child, unix.SIGKILL)
-				_, _, _ = wait4(child, 0)
-				return res, errors.Join(ierr, fmt.Errorf("clone %d: %w", p.pid, werr))
+			c, aerr := p.adopt(child)
+			if aerr != nil {
+				return res, errors.Join(ierr, aerr)
 			}
-			p.w.procs++
 			res.Child = c
 		}
 		var errno unix.Errno
@@ -374,14 +371,14 @@ func (p *Proc) runStepwise(pg *Program, scratch uintptr) (res RunResult, err err
 // trapHeld reports whether pid blocks or ignores SIGTRAP.
 func trapHeld(pid int) (bool, error) {
 	const bit = 1 << (unix.SIGTRAP - 1)
-	for _, field := range []string{"SigBlk", "SigIgn"} {
-		v, err := statusField(pid, field)
+	v, err := statusFields(pid, "SigBlk", "SigIgn")
+	if err != nil {
+		return false, fmt.Errorf("signal state of %d: %w", pid, err)
+	}
+	for _, m := range v {
+		mask, err := strconv.ParseUint(m, 16, 64)
 		if err != nil {
-			return false, fmt.Errorf("signal state of %d: %w", pid, err)
-		}
-		mask, err := strconv.ParseUint(v, 16, 64)
-		if err != nil {
-			return false, fmt.Errorf("signal state of %d: %s %q: %w", pid, field, v, err)
+			return false, fmt.Errorf("signal state of %d: %q: %w", pid, m, err)
 		}
 		if mask&bit != 0 {
 			return true, nil

@@ -2,12 +2,7 @@
 
 package inject
 
-import (
-	"encoding/binary"
-	"fmt"
-
-	"github.com/deltabox/deltabox/errdefs"
-)
+import "encoding/binary"
 
 // argRegs are the system call argument registers, by number (rdi, rsi,
 // rdx, r10, r8, r9).
@@ -27,7 +22,7 @@ var argRegs = [6]byte{7, 6, 2, 10, 8, 9}
 // then mov r15, len(calls) and, at end, int3. It returns the code and the
 // offset just past the int3, where the tracee stops. Results are 8-byte
 // slots in scratch memory after the data.
-func assemble(pg *Program, scratch uintptr) ([]byte, uintptr, error) {
+func assemble(pg *Program, scratch uintptr) ([]byte, uintptr) {
 	var c []byte
 	imm64 := func(v uint64) { c = binary.LittleEndian.AppendUint64(c, v) }
 	imm32 := func(v uint32) { c = binary.LittleEndian.AppendUint32(c, v) }
@@ -46,10 +41,7 @@ func assemble(pg *Program, scratch uintptr) ([]byte, uintptr, error) {
 				}
 				c = append(c, 0x48|reg>>3, 0xB8+reg&7) // mov reg, imm64
 				imm64(v)
-			case argResult:
-				if int(a.v) >= i {
-					return nil, 0, fmt.Errorf("call %d (%s) uses the result of call %d: %w", i, call.what, a.v, errdefs.ErrInvalidArgument)
-				}
+			case argResult: // an earlier call's (Program.add checks)
 				c = append(c, 0x48, 0xA1) // mov rax, [moffs64]
 				imm64(slot(int(a.v)))
 				c = append(c, 0x48|reg>>3, 0x89, 0xC0|reg&7) // mov reg, rax
@@ -75,7 +67,7 @@ func assemble(pg *Program, scratch uintptr) ([]byte, uintptr, error) {
 	for _, at := range jumps {
 		binary.LittleEndian.PutUint32(c[at:], uint32(int32(end-(at+4))))
 	}
-	return c, uintptr(end + 1), nil
+	return c, uintptr(end + 1)
 }
 
 // progStatus is the call a program stopped at (see assemble): its index

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -168,16 +169,30 @@ func writeMem(pid int, addr uintptr, b []byte) error {
 
 // statusField returns a field of /proc/pid/status.
 func statusField(pid int, name string) (string, error) {
+	v, err := statusFields(pid, name)
+	return v[0], err
+}
+
+// statusFields returns fields of /proc/pid/status, in the order asked, from
+// one read.
+func statusFields(pid int, names ...string) ([]string, error) {
+	out := make([]string, len(names))
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return "", err
+		return out, err
 	}
+	found := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
-			return strings.TrimSpace(v), nil
+		k, v, ok := strings.Cut(line, ":")
+		if i := slices.Index(names, k); ok && i >= 0 {
+			out[i] = strings.TrimSpace(v)
+			found++
 		}
 	}
-	return "", fmt.Errorf("no %s in /proc/%d/status: %w", name, pid, errdefs.ErrNotFound)
+	if found != len(names) {
+		return out, fmt.Errorf("not all of %v in /proc/%d/status: %w", names, pid, errdefs.ErrNotFound)
+	}
+	return out, nil
 }
 
 // nsPid is pid's pid in its own pid namespace.
