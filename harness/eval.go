@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -40,9 +39,9 @@ func (u UnittestEvaluator) Evaluate(ctx context.Context, t *Tools) (float64, err
 	var r ExecResult
 	var err error
 	if u.Session {
-		dir := u.Dir
-		if !path.IsAbs(dir) {
-			dir = path.Join(t.Executor().Workspace(), dir)
+		var dir string
+		if dir, err = resolve(t.Executor().Workspace(), u.Dir); err != nil {
+			return 0, fmt.Errorf("unittest: %w", err)
 		}
 		// The suite's own time limit (timeout(1), where the image has it):
 		// a session call that times out costs the session, and the agent

@@ -58,8 +58,7 @@ func (s *Sandbox) start(ctx context.Context, argv, env []string, cwd, key string
 		s.mu.Unlock()
 		return nil, fmt.Errorf("sandbox %q is being restored: %w", s.id, errdefs.ErrUnavailable)
 	}
-	s.roots++
-	cg, err := s.cg.Child(key + "." + strconv.Itoa(s.roots))
+	cg, err := s.cg.Child(s.uniqueName(key))
 	if err == nil {
 		s.children[key] = cg
 	}

@@ -280,16 +280,15 @@ func (ss *session) call(ctx context.Context, s *Sandbox, req SessionRequest) (re
 			// A stream ended without its marker: the session died. The
 			// other one's last bytes come first (it ends at once, unless
 			// something the session started still holds it).
-			if !gotOut {
+			grace := time.After(200 * time.Millisecond)
+			for !gotOut || !gotErr {
 				select {
 				case <-outCh:
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
-			if !gotErr {
-				select {
+					gotOut = true
 				case <-errCh:
-				case <-time.After(200 * time.Millisecond):
+					gotErr = true
+				case <-grace:
+					gotOut, gotErr = true, true
 				}
 			}
 			return ss.finishDead(ctx, outW, errW), false, nil

@@ -1119,9 +1119,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	}
 	cg, ok := cgs["session-"+t.kind.String()]
 	if !ok {
-		sb.roots++ // a unique name
-		name := "session-" + t.kind.String() + "." + strconv.Itoa(sb.roots)
-		if cg, err = sb.cg.Child(name); err == nil {
+		if cg, err = sb.cg.Child(sb.uniqueName("session-" + t.kind.String())); err == nil {
 			cgs["session-"+t.kind.String()] = cg
 		}
 	}
@@ -1501,12 +1499,19 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 	return sb, nil
 }
 
+// uniqueName is key with a suffix no earlier name of the sandbox had
+// (mount points of roots, child cgroups: an old one may still be on its way
+// out). s.mu must be held.
+func (s *Sandbox) uniqueName(key string) string {
+	s.roots++
+	return key + "." + strconv.Itoa(s.roots)
+}
+
 // mountRoot mounts an overlay of view over the sandbox's image lowers at a
 // new mount point of its run directory.
 func (s *Sandbox) mountRoot(view layer.View) (string, error) {
 	s.mu.Lock()
-	s.roots++
-	target := filepath.Join(s.dir, "rootfs."+strconv.Itoa(s.roots))
+	target := filepath.Join(s.dir, s.uniqueName("rootfs"))
 	s.mu.Unlock()
 	if view.Upper != "" {
 		for _, d := range []string{view.Upper, view.Work} {

@@ -222,9 +222,6 @@ func littleEndian() bool {
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }
 
-// Apply installs the default policy on the calling process: see ApplyPolicy.
-func Apply() error { return ApplyPolicy(Default()) }
-
 // Compile assembles p into a filter, once, for loading many times (by
 // sandboxes' inits, which receive it from the daemon).
 func Compile(p Policy) (filter.Filter, error) {
@@ -241,16 +238,6 @@ func Compile(p Policy) (filter.Filter, error) {
 		f[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
 	}
 	return f, nil
-}
-
-// ApplyPolicy sets no_new_privs and installs p on every thread of the
-// calling process (see filter.Filter.Process).
-func ApplyPolicy(p Policy) error {
-	f, err := Compile(p)
-	if err != nil {
-		return err
-	}
-	return f.Process()
 }
 
 // Supported reports whether the kernel can filter system calls.

@@ -42,7 +42,11 @@ func TestMain(m *testing.M) {
 func child(mode string) int {
 	filtered := !strings.HasSuffix(mode, "-nofilter")
 	if filtered {
-		if err := Apply(); err != nil {
+		f, err := Compile(Default())
+		if err == nil {
+			err = f.Process()
+		}
+		if err != nil {
 			fmt.Printf("apply=%v\n", err)
 			return 1
 		}
