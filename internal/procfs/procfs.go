@@ -1,9 +1,10 @@
 //go:build linux
 
 // Package procfs reads the few facts about a process that the runtime, the
-// tracer and the tests need from /proc: its state, its start time (which,
-// with the pid, names one process for good), its pids in each pid namespace
-// and its command line.
+// tracer and the tests need from /proc: its state (and whether it is on its
+// way out), its start time (which, with the pid, names one process for
+// good), its pids in each pid namespace, its command line, and which of its
+// pages it wrote or owns alone (dirty.go).
 package procfs
 
 import (

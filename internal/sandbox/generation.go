@@ -208,7 +208,7 @@ func (g *generation) kill() {
 		_ = unix.PidfdSendSignal(g.pidfd, unix.SIGKILL, nil, 0)
 	}
 	if g.c != nil {
-		_ = g.c.Shutdown() // the read loop closes the fd (see conn.Close)
+		_ = g.c.Shutdown() // the read loop ends (see initproto.Conn.Close)
 	}
 	select {
 	case <-g.deadCh:

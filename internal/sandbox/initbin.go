@@ -27,10 +27,10 @@ func WithInitBinary(path string) RuntimeOpt {
 // forks and behind every spare: deltabox-init, which links only the init's
 // packages (a static binary), boots on about a third of the CPU of a
 // re-execution of the daemon binary (measured here, side by side: 15 vs 41
-// ms to reach main). It is used when
-// it sits beside the running executable, was built from the same source,
-// and the sandbox's root (an unprivileged host uid) can reach and execute
-// it; otherwise the running binary is re-executed through /proc/self/exe,
+// ms to reach main). It is used when it sits beside the running
+// executable, was built from the same source, only root may have written it
+// or its directories, and the sandbox's root (an unprivileged host uid) can
+// reach and execute it; otherwise the running binary is re-executed through /proc/self/exe,
 // which every binary that starts sandboxes supports (see initproc.IsInit).
 func (r *Runtime) resolveInit() {
 	path := r.initBin
@@ -55,8 +55,9 @@ func (r *Runtime) resolveInit() {
 }
 
 // usableInit checks that path is a regular file every user may execute, in
-// directories every user may traverse, built from the same revision as the
-// running binary.
+// directories every user may traverse, owned and writable by root alone
+// (directories: or sticky), built from the same revision as the running
+// binary.
 func usableInit(path string) error {
 	abs, err := filepath.Abs(path)
 	if err != nil {

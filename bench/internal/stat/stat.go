@@ -15,8 +15,11 @@ func Percentile(d []time.Duration, p int) time.Duration {
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return s[max(0, min(len(s)-1, (len(s)*p+99)/100-1))]
+	return s[rank(len(s), p)]
 }
+
+// rank is the index of the nearest-rank p-th percentile of n sorted samples.
+func rank(n, p int) int { return max(0, min(n-1, (n*p+99)/100-1)) }
 
 // Summary is what the benchmarks print of a series of samples.
 type Summary struct {
@@ -32,7 +35,7 @@ func Summarize(d []time.Duration) Summary {
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	return Summary{Median: s[len(s)/2], P95: Percentile(s, 95), Min: s[0], Max: s[len(s)-1], N: len(s)}
+	return Summary{Median: s[len(s)/2], P95: s[rank(len(s), 95)], Min: s[0], Max: s[len(s)-1], N: len(s)}
 }
 
 // Ms is d in milliseconds.
