@@ -34,6 +34,8 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
 	s.rerooting = true
+	ah := s.ahead
+	s.ahead, s.stepping = nil, true
 	sessions := s.sess
 	s.sess = map[SessionKind]*session{}
 	children := s.children
@@ -45,6 +47,9 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		s.mu.Unlock()
 	}()
 
+	if ah != nil {
+		s.discardAhead(ah)
+	}
 	tr := newTrace(ctx)
 	defer tr.done(s.log, "reroot")
 	// 1. Kill every process but the init, race-free: idle sessions cannot

@@ -97,7 +97,7 @@ type Runtime struct {
 	adopted map[string]*generation // generations taken back from a previous daemon, by pid-start
 
 	fanOutMu sync.Mutex
-	fanOut   *Templates // the templates keeping spares for a fan-out (see WantSpares)
+	fanOut   *Templates // the templates keeping spares for a fan-out (see FanOut)
 
 	tidOnce    sync.Once
 	hostTID    uintptr // where the host's libc keeps a thread's id (see tidOffset)
@@ -196,8 +196,19 @@ type Sandbox struct {
 	destroyed bool // Destroy released the live generation
 	// spare is a child generation of g made ahead of time (see
 	// prepareNext): a checkpoint takes it instead of booting an init.
-	spare   *generation
-	nexting bool // prepareNext's job is queued or running
+	spare     *generation
+	nexting   bool // prepareNext's job is queued or running
+	nextAgain bool // prepareNext was asked again meanwhile
+	// ahead are the next checkpoint's clones, made in the spare (see
+	// cloneAhead), when aheadWanted asked for them; stepping says the
+	// sandbox was checkpointed or restored since its last session call.
+	ahead       *aheadClones
+	aheadWanted bool
+	stepping    bool
+	// shellScript is the shell session shellOf's state (ShellState), read
+	// ahead, while the session has not been called since.
+	shellOf     *session
+	shellScript string
 	// spareRoot is the root the spare's init is set up on (rootInit),
 	// "" while it waits for one: a spare set up on the live root takes a
 	// checkpoint's root setup off its pause.
@@ -629,12 +640,15 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.mu.Unlock()
 	var errs []error
 	s.mu.Lock()
-	g, done, spare := s.g, s.destroyed, s.spare
-	s.destroyed, s.spare, s.spareRoot = true, nil, ""
+	g, done, spare, ah := s.g, s.destroyed, s.spare, s.ahead
+	s.destroyed, s.spare, s.spareRoot, s.ahead = true, nil, "", nil
 	if !done {
 		close(s.quit)
 	}
 	s.mu.Unlock()
+	if ah != nil {
+		s.discardAhead(ah)
+	}
 	s.bg.Wait() // a spare generation in the making
 	s.mu.Lock()
 	preps := make([]*PreparedRoot, 0, len(s.prepared))

@@ -131,29 +131,19 @@ func (s *Sandbox) Session(ctx context.Context, req SessionRequest) (ExecResult, 
 	// The next checkpoint's generation, unless it is ready (a fork's
 	// sandbox gets it here, at its first call, not during the fork).
 	s.prepareNext()
-	var ss *session
-	for {
-		var err error
-		if ss, err = s.session(ctx, req.Kind); err != nil {
-			return ExecResult{}, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)
-		}
-		ss.mu.Lock()
-		// A checkpoint or restore that held it meanwhile may have
-		// replaced it (its process became a template or is gone): the
-		// call goes to the one that took its place.
-		s.mu.Lock()
-		current := s.sess[req.Kind] == ss
-		s.mu.Unlock()
-		if current {
-			break
-		}
+	ss, err := s.lockSession(ctx, req.Kind)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	// A step after a checkpoint or restore: the next checkpoint's clones
+	// are made ahead once it is done and the session free (see cloneAhead).
+	step := s.callStarts(req.Kind)
+	defer func() {
 		ss.mu.Unlock()
-	}
-	defer ss.mu.Unlock()
-	if err := s.replayPending(ctx, ss); err != nil {
-		s.dropSession(ss)
-		return ExecResult{}, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)
-	}
+		if step {
+			s.wantAhead()
+		}
+	}()
 	res, alive, err := ss.call(ctx, s, req)
 	res.Duration = time.Since(began)
 	if !alive {
@@ -163,6 +153,35 @@ func (s *Sandbox) Session(ctx context.Context, req SessionRequest) (ExecResult, 
 		return res, fmt.Errorf("%s session in %q: %w", req.Kind, s.id, err)
 	}
 	return res, nil
+}
+
+// lockSession returns the sandbox's session of kind, started if need be,
+// locked, with its pending replay done.
+func (s *Sandbox) lockSession(ctx context.Context, kind SessionKind) (*session, error) {
+	var ss *session
+	for {
+		var err error
+		if ss, err = s.session(ctx, kind); err != nil {
+			return nil, fmt.Errorf("%s session in %q: %w", kind, s.id, err)
+		}
+		ss.mu.Lock()
+		// A checkpoint or restore that held it meanwhile may have
+		// replaced it (its process became a template or is gone): the
+		// call goes to the one that took its place.
+		s.mu.Lock()
+		current := s.sess[kind] == ss
+		s.mu.Unlock()
+		if current {
+			break
+		}
+		ss.mu.Unlock()
+	}
+	if err := s.replayPending(ctx, ss); err != nil {
+		ss.mu.Unlock()
+		s.dropSession(ss)
+		return nil, fmt.Errorf("%s session in %q: %w", kind, s.id, err)
+	}
+	return ss, nil
 }
 
 func (s *Sandbox) session(ctx context.Context, kind SessionKind) (*session, error) {

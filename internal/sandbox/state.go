@@ -5,6 +5,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -54,15 +55,48 @@ func (s *Sandbox) ShellState(ctx context.Context) (script string, ok bool, err e
 	if !running {
 		return "", false, nil
 	}
-	var out, errb bytes.Buffer
-	res, err := s.Session(ctx, SessionRequest{Kind: SessionShell, Code: captureShell, Stdout: &out, Stderr: &errb, Timeout: 30 * time.Second})
+	ss, err := s.lockSession(ctx, SessionShell)
 	if err != nil {
 		return "", false, fmt.Errorf("capture shell state: %w", err)
 	}
-	if res.ExitCode != 0 && out.Len() == 0 {
-		return "", false, fmt.Errorf("capture shell state: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+	defer ss.mu.Unlock()
+	s.mu.Lock()
+	script, cached := s.shellScript, s.shellOf == ss
+	s.mu.Unlock()
+	if cached {
+		// Read when its clone was made ahead, and it has not been called
+		// since: reading it again would run it, and void the clone.
+		return script, true, nil
 	}
-	return out.String(), true, nil
+	s.dropAhead() // it runs
+	if script, err = s.captureShell(ctx, ss); err != nil {
+		return "", false, err
+	}
+	return script, true, nil
+}
+
+// captureShell runs the capture of the shell session ss, whose lock the
+// caller holds, and keeps the script for ShellState until the session is
+// called again.
+func (s *Sandbox) captureShell(ctx context.Context, ss *session) (string, error) {
+	var out, errb bytes.Buffer
+	res, alive, err := ss.call(ctx, s, SessionRequest{Kind: SessionShell, Code: captureShell, Stdout: &out, Stderr: &errb, Timeout: 30 * time.Second})
+	if !alive {
+		s.dropSession(ss)
+	}
+	if err == nil && !alive {
+		err = errors.New("the session ended")
+	}
+	if err != nil {
+		return "", fmt.Errorf("capture shell state: %w", err)
+	}
+	if res.ExitCode != 0 && out.Len() == 0 {
+		return "", fmt.Errorf("capture shell state: exit %d: %s", res.ExitCode, strings.TrimSpace(errb.String()))
+	}
+	s.mu.Lock()
+	s.shellOf, s.shellScript = ss, out.String()
+	s.mu.Unlock()
+	return out.String(), nil
 }
 
 // ReplayShellState arranges for the shell session to come back with the

@@ -46,9 +46,10 @@ type Templates struct {
 	released bool
 	// spares are child generations of g made ahead of time, set up on the
 	// stand-in root: a restore or fork takes one instead of booting an
-	// init. want is how many are kept (see WantSpares).
+	// init. want is how many are kept (see FanOut).
 	spares    []*generation
 	want      int
+	fanning   int            // fan-outs running (see FanOut): no refill meanwhile
 	refilling bool           // spares are being made
 	bg        sync.WaitGroup // the making of spares
 	quit      chan struct{}  // closed by Release: a spare still queued gives up
@@ -96,23 +97,33 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 // maxSpares bounds the spare generations kept for one set of templates.
 const maxSpares = 64
 
-// WantSpares has the templates keep n spare generations (at least one, at
-// most maxSpares) from now on, made in the background: a fan-out of n
-// forks from this checkpoint finds them ready the next time. Each costs an
-// idle init (about a megabyte), so only the templates of the runtime's
-// latest fan-out keep more than one: the previous ones go back to one.
-func (ts *Templates) WantSpares(n int) {
-	ts.rt.fanOutMu.Lock()
-	prev := ts.rt.fanOut
-	ts.rt.fanOut = ts
-	ts.rt.fanOutMu.Unlock()
-	if prev != nil && prev != ts {
-		prev.keepSpares(1)
-	}
+// FanOut marks the start of a fan-out of n forks from these templates (n
+// ForkTemplates calls); the returned func marks its end. Meanwhile the
+// spares the forks take are not made again: booting inits would take CPU
+// from the fan-out itself. At its end the templates keep n spare
+// generations (at least one, at most maxSpares), made in the background,
+// so that the next fan-out of n from this checkpoint (a policy's next batch
+// of rollouts from the same state) finds them ready. Each costs an idle
+// init (about a megabyte), so only the templates of the runtime's latest
+// fan-out keep more than one: the previous ones go back to one.
+func (ts *Templates) FanOut(n int) (end func()) {
 	ts.mu.Lock()
-	ts.want = min(max(n, 1), maxSpares)
+	ts.fanning++
 	ts.mu.Unlock()
-	ts.refill()
+	return func() {
+		ts.rt.fanOutMu.Lock()
+		prev := ts.rt.fanOut
+		ts.rt.fanOut = ts
+		ts.rt.fanOutMu.Unlock()
+		if prev != nil && prev != ts {
+			prev.keepSpares(1)
+		}
+		ts.mu.Lock()
+		ts.fanning--
+		ts.want = min(max(n, 1), maxSpares)
+		ts.mu.Unlock()
+		ts.refill()
+	}
 }
 
 // keepSpares lowers the spares kept to n, releasing the extra ones.
@@ -135,7 +146,7 @@ func (ts *Templates) keepSpares(n int) {
 // Runtime.setUpAhead).
 func (ts *Templates) refill() {
 	ts.mu.Lock()
-	if ts.released || len(ts.spares) >= max(ts.want, 1) || ts.refilling {
+	if ts.released || len(ts.spares) >= max(ts.want, 1) || ts.refilling || ts.fanning > 0 {
 		ts.mu.Unlock()
 		return
 	}
@@ -150,7 +161,7 @@ func (ts *Templates) refill() {
 		}()
 		for {
 			ts.mu.Lock()
-			enough := ts.released || len(ts.spares) >= max(ts.want, 1)
+			enough := ts.released || len(ts.spares) >= max(ts.want, 1) || ts.fanning > 0
 			ts.mu.Unlock()
 			if enough || ctx.Err() != nil {
 				return
@@ -190,7 +201,8 @@ type template struct {
 	cwd    string
 	fds    []fdRef
 	tidOff uintptr
-	pc, sp uintptr // where it stopped: a template found elsewhere was resumed
+	pc, sp uintptr  // where it stopped: a template found elsewhere was resumed
+	run    runState // when it was looked at (see inspect)
 	// scratch is dead stack memory of the template (and of its clones, at
 	// first) for injected arguments, found by its first clone (under mu).
 	scratch uintptr
@@ -341,25 +353,10 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 
 	// 1. Which processes: exactly one per session, nothing else.
-	hostPids, err := s.cg.Procs()
+	inits := s.initPids()
+	byPid, reasons, err := s.idleSessions(sessions, inits)
 	if err != nil {
 		return nil, err
-	}
-	byPid := map[int]*session{}
-	var reasons []string
-	for _, ss := range sessions {
-		p, err := ss.p.cg.Procs()
-		if err != nil || len(p) != 1 {
-			reasons = append(reasons, fmt.Sprintf("%s session: %d processes", ss.kind, len(p)))
-			continue
-		}
-		byPid[p[0]] = ss
-	}
-	inits := s.initPids()
-	for _, pid := range hostPids {
-		if byPid[pid] == nil && !s.notWorkload(pid, inits) {
-			reasons = append(reasons, fmt.Sprintf("process %d (%s, state %s): not an idle session", pid, procfs.Cmdline(pid), procfs.State(pid)))
-		}
 	}
 	if len(reasons) > 0 {
 		return nil, &IneligibleError{Reasons: reasons}
@@ -380,6 +377,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			next.release()
 		default:
 			s.giveBack(next, nextRoot)
+		}
+	}()
+	// The clones, if they were made ahead in next (see cloneAhead): used
+	// only if the sessions did not run since.
+	ah := s.takeAhead(next, nextRoot)
+	defer func() {
+		if ah != nil && err != nil {
+			s.discardAhead(ah)
 		}
 	}()
 
@@ -415,7 +420,28 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 		looked[pid] = t
 	}
+	if ah != nil && !ah.asleepAsCloned(looked) {
+		s.log.Debug("checkpoint: the clones made ahead are stale (a session ran)")
+		s.discardAhead(ah)
+		ah = nil
+	}
+	// 4. The filesystem at this instant: nothing of the sandbox runs. It is
+	//    taken while the sessions are verified and cloned; the clones start
+	//    only once it is. Every return from here waits for it (the caller
+	//    undoes a commit that is not acknowledged). With clones made ahead
+	//    it need not even wait for the stop: the sessions have not run
+	//    since the clones were made, and the stop is checked to have come
+	//    before they could (stoppedAsCloned).
+	var cr *captureRun
+	defer func() {
+		if err != nil && cr != nil {
+			_ = cr.wait()
+		}
+	}()
 	began := time.Now()
+	if ah != nil {
+		cr = startCapture(ctx, capture)
+	}
 	order := make([]*session, 0, len(byPid))
 	for pid, ss := range byPid {
 		p, err := tr.Seize(ctx, pid, seizeTimeout)
@@ -425,16 +451,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		stopped = append(stopped, p)
 		order = append(order, ss)
 	}
-	// 4. The filesystem at this instant: nothing of the sandbox runs. It is
-	//    taken while the sessions are verified and cloned; the clones start
-	//    only once it is. Every return from here waits for it (the caller
-	//    undoes a commit that is not acknowledged).
-	cr := startCapture(ctx, capture)
-	defer func() {
-		if err != nil {
-			_ = cr.wait()
-		}
-	}()
+	if ah != nil && !ah.stoppedAsCloned(stopped) {
+		// It ran meanwhile: what the capture holds may be newer than the
+		// session. Rare (a signal in these milliseconds): the slow path.
+		return nil, &IneligibleError{Reasons: []string{"a session ran during the checkpoint"}}
+	}
+	if cr == nil {
+		cr = startCapture(ctx, capture)
+	}
 	// The look that counts, off the pause's path: the clones are made from
 	// the look before the stop meanwhile and start only if this one agrees.
 	verified := make(chan verdict, 1)
@@ -475,7 +499,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 
 	// 5. The clones, made but not started; then the instant of capture.
 	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
-	fresh, clones, cerr := ts.cloneAll(ctx, stopped, next, s, nil)
+	var fresh map[SessionKind]*session
+	var clones []*inject.Proc
+	var cerr error
+	if ah != nil {
+		fresh = ah.sessions
+	} else {
+		fresh, clones, cerr = ts.cloneAll(ctx, stopped, next, s, nil)
+	}
 	if v := <-verified; cerr == nil && len(v.reasons) > 0 {
 		cerr = &IneligibleError{Reasons: v.reasons}
 	} else if cerr == nil {
@@ -494,6 +525,10 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		for _, c := range clones {
 			_ = c.Kill()
 		}
+		if ah != nil {
+			s.discardAhead(ah)
+			ah, fresh = nil, nil
+		}
 		for _, p := range stopped {
 			if rerr := resetPidNS(p); rerr != nil {
 				s.log.Warn("checkpoint undo: a session's children would be born in the new generation; killing it", "pid", p.Pid(), "err", rerr)
@@ -505,29 +540,51 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, cerr)
 	}
-	for _, p := range stopped {
-		_ = p.Detach(true) // the templates
-	}
-	stopped = nil
 	start(s.log, clones)
+	if ah != nil {
+		if serr := ah.start(); serr != nil {
+			s.log.Warn("checkpoint: a clone made ahead did not start", "err", serr)
+		}
+	}
 	switched = true
 	cloned := time.Now()
 	ts.Pause = cloned.Sub(began)
+	for _, p := range stopped {
+		_ = p.Detach(true) // the templates, after the clones: not on the pause
+	}
+	stopped = nil
+	var oldCgs []cgroup.Cgroup // the sessions' cgroups, when the clones have their own
 
 	s.mu.Lock()
 	s.g = next
+	var oldShell *session
 	for _, ss := range sessions {
 		delete(s.sess, ss.kind)
+		if ss.kind == SessionShell {
+			oldShell = ss
+		}
 	}
 	for k, ss := range fresh {
 		s.sess[k] = ss
 	}
+	if s.shellOf != nil && s.shellOf == oldShell {
+		s.shellOf = fresh[SessionShell] // the same state
+	}
+	if ah != nil {
+		for name, cg := range ah.cgs {
+			if o, ok := s.children[name]; ok {
+				oldCgs = append(oldCgs, o)
+			}
+			s.children[name] = cg
+		}
+	}
+	s.stepping = true
 	s.mu.Unlock()
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
-		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause))
+		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause), "ahead", ah != nil)
 	// The templates' home (made before the pause); then, off the pause,
 	// the next checkpoint's generation, and the templates' generations
 	// outlive the daemon.
@@ -535,6 +592,14 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	err = nil
 	for _, t := range tpls {
 		err = errors.Join(err, tcg.Add(t.pid))
+	}
+	if len(oldCgs) > 0 {
+		// Emptied by the move of the templates.
+		s.tearDown(func() {
+			for _, cg := range oldCgs {
+				_ = cg.Delete(context.Background())
+			}
+		})
 	}
 	if aerr := tcg.Add(old.hostPid); aerr != nil {
 		// It stays in the sandbox's cgroup, as the parent generation of
@@ -556,6 +621,33 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		s.log.Warn("checkpoint: templates will not survive a daemon restart", "err", err)
 	}
 	return ts, nil
+}
+
+// idleSessions maps the one process of each session (host pid) to it, and
+// says why not when the sandbox runs more than that (inits, the processes
+// of inits, are none of its workload). The caller holds every session's
+// lock.
+func (s *Sandbox) idleSessions(sessions []*session, inits map[int]bool) (map[int]*session, []string, error) {
+	hostPids, err := s.cg.Procs()
+	if err != nil {
+		return nil, nil, err
+	}
+	byPid := map[int]*session{}
+	var reasons []string
+	for _, ss := range sessions {
+		p, err := ss.p.cg.Procs()
+		if err != nil || len(p) != 1 {
+			reasons = append(reasons, fmt.Sprintf("%s session: %d processes", ss.kind, len(p)))
+			continue
+		}
+		byPid[p[0]] = ss
+	}
+	for _, pid := range hostPids {
+		if byPid[pid] == nil && !s.notWorkload(pid, inits) {
+			reasons = append(reasons, fmt.Sprintf("process %d (%s, state %s): not an idle session", pid, procfs.Cmdline(pid), procfs.State(pid)))
+		}
+	}
+	return byPid, reasons, nil
 }
 
 // verify is the checkpoint's look at its stopped sessions (order, stopped
@@ -739,6 +831,11 @@ func (s *Sandbox) initPids() map[int]bool {
 	if s.spare != nil {
 		out[s.spare.hostPid] = true
 	}
+	if s.ahead != nil {
+		for _, pid := range s.ahead.pids {
+			out[pid] = true
+		}
+	}
 	for g, p := range s.prepared {
 		out[g.hostPid] = true
 		for _, pid := range p.pids {
@@ -780,7 +877,13 @@ func (s *Sandbox) notWorkload(pid int, inits map[int]bool) bool {
 func (s *Sandbox) prepareNext() {
 	s.mu.Lock()
 	// One at a time: every session call asks, and each would boot an init.
-	if s.destroyed || s.nexting || (s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)) {
+	if s.nexting {
+		s.nextAgain = true
+		s.mu.Unlock()
+		return
+	}
+	ready := s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)
+	if s.destroyed || (ready && !(s.aheadWanted && s.ahead == nil)) {
 		s.mu.Unlock()
 		return
 	}
@@ -804,8 +907,10 @@ func (s *Sandbox) prepareNext() {
 		defer func() {
 			s.mu.Lock()
 			s.nexting = false
+			again := s.nextAgain
+			s.nextAgain = false
 			s.mu.Unlock()
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || again {
 				s.prepareNext()
 			}
 		}()
@@ -828,6 +933,7 @@ func (s *Sandbox) prepareNext() {
 			g.prehold(ctx, n)
 		}
 		s.giveBack(g, root)
+		s.cloneAhead(ctx)
 	})
 }
 
@@ -891,10 +997,9 @@ func inspect(pid int, ss *session, ignore func(fd int, link string) bool) (*temp
 	if err != nil {
 		return nil, err.Error()
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "Threads:"); ok && strings.TrimSpace(v) != "1" {
-			return nil, strings.TrimSpace(v) + " threads"
-		}
+	st, threads := parseStatus(status)
+	if threads != "1" {
+		return nil, threads + " threads"
 	}
 	if b, err := os.ReadFile(dir + "/task/" + strconv.Itoa(pid) + "/children"); err != nil || strings.TrimSpace(string(b)) != "" {
 		return nil, "has child processes"
@@ -921,7 +1026,7 @@ func inspect(pid int, ss *session, ignore func(fd int, link string) bool) (*temp
 		}
 		roles["pipe:["+strconv.FormatUint(st.Ino, 10)+"]"] = role
 	}
-	t := &template{pid: pid, start: procfs.StartTime(pid), kind: ss.kind}
+	t := &template{pid: pid, start: procfs.StartTime(pid), kind: ss.kind, run: st}
 	if t.cwd, err = os.Readlink(dir + "/cwd"); err != nil {
 		return nil, err.Error()
 	}
@@ -1095,6 +1200,7 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 			}
 			return err
 		}
+		tr.step("fork")
 		return enter(b, c, t, res.Results[pfd], st.fds, scratch, keepFiles)
 	})
 	if err != nil {
@@ -1240,17 +1346,8 @@ func (ts *Templates) Kinds() []SessionKind {
 func (ts *Templates) PrivateMemory() int64 {
 	var total int64
 	for _, t := range ts.procs {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(t.pid) + "/smaps_rollup")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if ok && (k == "Private_Clean" || k == "Private_Dirty") {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				total += kb << 10
-			}
-		}
+		n, _ := privateMemory(t.pid)
+		total += n
 	}
 	return total
 }
@@ -1322,6 +1419,8 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	s.interruptPreps(true) // made for the generation this one replaces
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
+	s.dropAhead() // made for the sessions this replaces
+	defer s.markStep()
 	if !ts.use() {
 		prep.Release()
 		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
@@ -1496,6 +1595,7 @@ func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (
 	}
 	// Its next checkpoint's generation is made at its first session call
 	// (see Session), not now: a fork of many would make as many more inits.
+	sb.markStep()
 	return sb, nil
 }
 

@@ -535,6 +535,13 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 	if err != nil {
 		return daemon.ForkResult{}, err
 	}
+	if ts != nil {
+		// No spare generation is booted while the forks take them (it
+		// would take CPU from the forks); afterwards n are made, so that
+		// the next fan-out from here (a policy's next batch of rollouts
+		// from the same state) finds its generations ready.
+		defer ts.FanOut(n)()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	for i := range ids {
@@ -568,11 +575,6 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 	}
 	if err := g.Wait(); err != nil {
 		return daemon.ForkResult{}, fmt.Errorf("fork %q: %w", ckID, err)
-	}
-	if ts != nil {
-		// The next fan-out from here (a policy's next batch of rollouts
-		// from the same state) finds its generations ready.
-		ts.WantSpares(n)
 	}
 	return daemon.ForkResult{IDs: ids, ForkMs: msSince(began)}, nil
 }

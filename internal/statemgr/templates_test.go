@@ -584,30 +584,72 @@ func TestGenerationsBootFromTheInitBinary(t *testing.T) {
 	inits(res.IDs[0])
 }
 
-// cloneMadeAhead waits (a guard against hangs, nothing is timed) for the one
-// process in group-stop in the session cgroups of sandbox id: the clone a
-// prepared rollback made ahead of time, in the background.
-func cloneMadeAhead(t *testing.T, id string) int {
+// stoppedSessions waits for a stopped process in the session cgroups of
+// sandbox id on a root other than the live one (rollback: clones a
+// restore made ahead on a branch of its checkpoint) or on the live one
+// (onLive: the next checkpoint's clones made ahead), and returns them.
+func stoppedSessions(t *testing.T, m *statemgr.Manager, id string, onLive bool) []int {
 	t.Helper()
+	info, err := m.GetSandbox(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var stopped []int
 	for deadline := time.Now().Add(30 * time.Second); len(stopped) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-*"))
-		if len(dirs) == 0 {
-			dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-*"))
-		}
-		for _, d := range dirs {
-			pids, _ := testutil.CgroupProcs(id + "/" + filepath.Base(d))
-			for _, p := range pids {
-				if testutil.ProcState(p) == "T" {
-					stopped = append(stopped, p)
-				}
+		stopped = scanStopped(upperOf(info.InitPid), id, onLive)
+	}
+	return stopped
+}
+
+// scanStopped is one look of stoppedSessions; live is the upper directory
+// of the sandbox's root.
+func scanStopped(live, id string, onLive bool) []int {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-*"))
+	if len(dirs) == 0 {
+		dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-*"))
+	}
+	var stopped []int
+	for _, d := range dirs {
+		pids, _ := testutil.CgroupProcs(id + "/" + filepath.Base(d))
+		for _, p := range pids {
+			if testutil.ProcState(p) == "T" && (upperOf(p) == live) == onLive {
+				stopped = append(stopped, p)
 			}
 		}
 	}
+	return stopped
+}
+
+// cloneMadeAhead waits for the one clone a restore of sandbox id to its
+// head made ahead, stopped, and returns its pid.
+func cloneMadeAhead(t *testing.T, m *statemgr.Manager, id string) int {
+	t.Helper()
+	stopped := stoppedSessions(t, m, id, false)
 	if len(stopped) != 1 {
 		t.Fatalf("clones made ahead for the rollback of %s: %v, want one stopped session", id, stopped)
 	}
 	return stopped[0]
+}
+
+// upperOf returns the overlay upper directory of process pid's root, or "".
+func upperOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[4] != "/" {
+			continue
+		}
+		_, super, _ := strings.Cut(line, " - ")
+		for _, o := range strings.Split(super, ",") {
+			if u, ok := strings.CutPrefix(o, "upperdir="); ok {
+				return u
+			}
+		}
+	}
+	return ""
 }
 
 // TestPreparedRestoreClonesMadeAhead checks that a rollback to the head
@@ -620,7 +662,7 @@ func TestPreparedRestoreClonesMadeAhead(t *testing.T) {
 	ck := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck.Processes, "python")
 	session(t, m, id, sandbox.SessionPython, `x = None`)
-	ahead := cloneMadeAhead(t, id)
+	ahead := cloneMadeAhead(t, m, id)
 	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
 	if r := session(t, m, id, sandbox.SessionPython, `import os; print(x, os.getpid())`); !strings.HasPrefix(r.stdout, "[1, 2, 3] ") {
 		t.Fatalf("after the prepared restore: %q %q", r.stdout, r.stderr)
@@ -631,7 +673,7 @@ func TestPreparedRestoreClonesMadeAhead(t *testing.T) {
 
 	// Killed while it waits: the restore clones again.
 	session(t, m, id, sandbox.SessionPython, `x = None`)
-	if err := syscall.Kill(cloneMadeAhead(t, id), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(cloneMadeAhead(t, m, id), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	wantTemplates(t, "restore", restore(t, m, id, ck.ID).Processes, "python")
@@ -670,7 +712,7 @@ func TestWarmRestoresPreFaultTheHeap(t *testing.T) {
 			ck := checkpoint(t, m, id, "")
 			wantTemplates(t, "checkpoint", ck.Processes, "python")
 			session(t, m, id, sandbox.SessionPython, `big = None`)
-			got := exclusive(t, cloneMadeAhead(t, id))
+			got := exclusive(t, cloneMadeAhead(t, m, id))
 			if warm && got < heap {
 				t.Errorf("warm: the clone made ahead owns %d bytes of its own, want at least the %d its template wrote", got, heap)
 			}
@@ -865,4 +907,199 @@ func TestForkFanOutsFindGenerationsReady(t *testing.T) {
 	if n > 1 {
 		t.Errorf("after a fan-out from another checkpoint, %s keeps %d generations set up ahead, want at most 1", ck.ID, n)
 	}
+}
+
+// sessionPids returns the running (not stopped) processes of sandbox id's
+// session cgroup of kind.
+func sessionPids(t *testing.T, id string, kind sandbox.SessionKind) []int {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-"+kind.String()+"*"))
+	if len(dirs) == 0 {
+		dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-"+kind.String()+"*"))
+	}
+	var out []int
+	for _, d := range dirs {
+		pids, _ := testutil.CgroupProcs(id + "/" + filepath.Base(d))
+		for _, p := range pids {
+			if st := testutil.ProcState(p); st != "T" && st != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// TestCheckpointTakesClonesMadeAhead checks the next checkpoint's clones
+// made ahead: after the first session call that follows a checkpoint, the
+// session is cloned, stopped, in the spare generation on the live root;
+// the next checkpoint lets that clone go on as the live session instead of
+// cloning in its pause, and both the live state and the checkpoint's are
+// exact. A session call that comes first discards the clone.
+func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionPython, `x = [1]; gen = iter(range(100)); next(gen)`)
+	ck1 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck1.Processes, "python")
+
+	// A call that is not followed by a checkpoint: its clone is dropped.
+	session(t, m, id, sandbox.SessionPython, `x.append(2)`)
+	dropped := stoppedSessions(t, m, id, true)
+	if len(dropped) != 1 {
+		t.Fatalf("clones made ahead after the first call since a checkpoint: %v, want one", dropped)
+	}
+	if r := session(t, m, id, sandbox.SessionPython, `x.append(3); print(x, next(gen))`); r.stdout != "[1, 2, 3] 1\n" {
+		t.Fatalf("session after its clone was made ahead: %q %q", r.stdout, r.stderr)
+	}
+	waitFor(t, "the dropped clone to go", func() bool { st := testutil.ProcState(dropped[0]); return st == "" || st == "Z" })
+
+	// A checkpoint, a step, and the next checkpoint takes the clone made
+	// after the step.
+	ck2 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck2.Processes, "python")
+	session(t, m, id, sandbox.SessionPython, `x.append(4)`)
+	ahead := stoppedSessions(t, m, id, true)
+	if len(ahead) != 1 {
+		t.Fatalf("clones made ahead after the step: %v, want one", ahead)
+	}
+	before := sessionPids(t, id, sandbox.SessionPython)
+	ck3 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck3.Processes, "python")
+	if live := sessionPids(t, id, sandbox.SessionPython); len(live) != 1 || live[0] != ahead[0] {
+		t.Fatalf("python session after the checkpoint: %v, want the clone made ahead %d (it was %v)", live, ahead[0], before)
+	}
+	if st := testutil.ProcState(before[0]); st != "T" {
+		t.Errorf("the session the clone was made from is %q after the checkpoint, want a stopped template", st)
+	}
+	if r := session(t, m, id, sandbox.SessionPython, `print(x, next(gen))`); r.stdout != "[1, 2, 3, 4] 2\n" {
+		t.Fatalf("live session after the checkpoint: %q %q", r.stdout, r.stderr)
+	}
+	for _, c := range []struct {
+		ck   string
+		want string
+	}{{ck3.ID, "[1, 2, 3, 4] 2\n"}, {ck2.ID, "[1, 2, 3] 2\n"}, {ck3.ID, "[1, 2, 3, 4] 2\n"}} {
+		wantTemplates(t, "restore", restore(t, m, id, c.ck).Processes, "python")
+		if r := session(t, m, id, sandbox.SessionPython, `print(x, next(gen))`); r.stdout != c.want {
+			t.Fatalf("after the restore to %s: %q %q, want %q", c.ck, r.stdout, r.stderr, c.want)
+		}
+	}
+}
+
+// TestCheckpointDropsClonesMadeAheadOfASessionThatRan wakes a shell
+// session after its clone was made ahead (a SIGCHLD, which bash catches):
+// it ran, so the checkpoint must not take the clone, and clones on the
+// spot instead; the state is exact either way. A session that catches a
+// timer's signal is never cloned ahead.
+func TestCheckpointDropsClonesMadeAheadOfASessionThatRan(t *testing.T) {
+	log := &logRecorder{}
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { recordLogs(o, log) })
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionShell, `N=1; f() { echo "f$N"; }`)
+	ck1 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck1.Processes, "shell")
+	session(t, m, id, sandbox.SessionShell, `N=2`)
+	ahead := stoppedSessions(t, m, id, true)
+	live := sessionPids(t, id, sandbox.SessionShell)
+	if len(ahead) != 1 || len(live) != 1 {
+		t.Fatalf("shell clones made ahead %v, live %v: want one each (%q)", ahead, live, log.lines)
+	}
+	woke := voluntarySwitches(t, live[0])
+	if err := syscall.Kill(live[0], syscall.SIGCHLD); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the shell to wake and sleep again", func() bool {
+		return voluntarySwitches(t, live[0]) > woke && testutil.ProcState(live[0]) == "S"
+	})
+	ck2 := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck2.Processes, "shell")
+	if now := sessionPids(t, id, sandbox.SessionShell); len(now) != 1 || now[0] == ahead[0] {
+		t.Fatalf("shell session after the checkpoint: %v, want a fresh clone, not the stale one %d", now, ahead[0])
+	}
+	if r := session(t, m, id, sandbox.SessionShell, `f`); r.stdout != "f2\n" {
+		t.Fatalf("live session after the checkpoint: %q %q", r.stdout, r.stderr)
+	}
+	wantTemplates(t, "restore", restore(t, m, id, ck2.ID).Processes, "shell")
+	if r := session(t, m, id, sandbox.SessionShell, `f`); r.stdout != "f2\n" {
+		t.Fatalf("after the restore: %q %q", r.stdout, r.stderr)
+	}
+
+	// A python handler for a timer's signal: no clone ahead (it could run
+	// unseen in the instant before a checkpoint's stop).
+	session(t, m, id, sandbox.SessionPython, `import signal; signal.signal(signal.SIGALRM, lambda *a: None)`)
+	wantTemplates(t, "checkpoint", checkpoint(t, m, id, "").Processes, "shell", "python")
+	session(t, m, id, sandbox.SessionShell, `N=3`) // a step
+	log.wait(t, "clones made ahead: not now", "python session: it catches timer signals")
+	info, err := m.GetSandbox(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := scanStopped(upperOf(info.InitPid), id, true); len(p) > 0 {
+		t.Errorf("a python session with a SIGALRM handler was cloned ahead (%v)", p)
+	}
+}
+
+// logRecorder is a slog handler that keeps every record's message and
+// attributes, for a test to wait for a decision the code only logs.
+type logRecorder struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func recordLogs(o *statemgr.Options, r *logRecorder) {
+	o.Logger = slog.New(r)
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	line := rec.Message
+	rec.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	r.mu.Lock()
+	r.lines = append(r.lines, line)
+	r.mu.Unlock()
+	return nil
+}
+
+// wait waits (a guard against hangs, nothing is timed) for a record whose
+// message is msg and whose text holds sub.
+func (r *logRecorder) wait(t *testing.T, msg, sub string) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("a log %q holding %q", msg, sub), func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, l := range r.lines {
+			if strings.HasPrefix(l, msg+" ") && strings.Contains(l, sub) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// waitFor waits for cond (a guard against hangs, nothing is timed).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// voluntarySwitches is how often process pid fell asleep.
+func voluntarySwitches(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	t.Fatalf("no voluntary_ctxt_switches in /proc/%d/status", pid)
+	return 0
 }

@@ -171,10 +171,13 @@ func (c *Conn) Send(m Message, files ...*os.File) error {
 	if err == nil {
 		err = serr
 	}
+	if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+		return ErrClosed
+	}
 	return err
 }
 
-// ErrClosed is returned by Recv when the peer is gone.
+// ErrClosed is returned by Recv and Send when the peer is gone.
 var ErrClosed = errors.New("init connection closed")
 
 // Recv receives one message and the files attached to it, which the caller

@@ -1,0 +1,459 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deltabox/deltabox/internal/inject"
+	"github.com/deltabox/deltabox/internal/procfs"
+	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+)
+
+// Clones made ahead of the next checkpoint.
+//
+// A checkpoint's pause (CheckpointTemplates) holds the stop of the sessions,
+// the filesystem capture and the clones the sandbox goes on in. A clone is
+// a fork of its session (page tables copied: milliseconds on this kind of
+// VM), made while the session is stopped. Between an agent's steps the
+// sessions are idle, blocked reading their next snippet, and do not change:
+// a clone made then, while the agent thinks, is the clone the checkpoint
+// would make, as long as the session has not run since. The checkpoint then
+// only checks that and lets the clone made ahead go on instead of forking
+// in its pause, which is left with the stop and the capture.
+//
+// That a session did not run is read from the kernel, not assumed: seen
+// asleep after the clone was made, it must be found in the same sleep
+// (state S, the same count of voluntary context switches: falling asleep
+// again after running would have added one) by the look before the stop,
+// and stopped inside the same system call with the same registers after
+// exactly one more sleep (the stop itself). What the counts cannot tell is
+// a signal handler that ran and re-entered the read in the instant before
+// the stop landed. Nothing in the sandbox can send an idle session a
+// signal then (a process that would is no idle session: the checkpoint
+// refuses), but a timer can: sessions with a POSIX timer, and python
+// sessions that catch SIGALRM (alarm, setitimer) or SIGIO, are not cloned
+// ahead. Bash arms no timer of its own (5.2's read -t waits in pselect):
+// its handler for SIGALRM, one of the terminating signals it catches, runs
+// only on a signal someone sends.
+//
+// A clone made ahead costs its session a write fault per page it writes on
+// its next call if no checkpoint came first (the fork write-protected its
+// memory): clones are made ahead only of small sessions (aheadMaxMemory),
+// and only after the first session call that follows a checkpoint or
+// restore: an agent's step between two of them.
+
+// runState is what /proc/pid/status says of how a process runs.
+type runState struct {
+	state  string // "S" (asleep), "T" (stopped), ...
+	sleeps uint64 // voluntary context switches
+	sigCgt uint64 // caught signals (bit n-1 for signal n)
+}
+
+// parseStatus reads a /proc/pid/status and returns its run state and its
+// thread count.
+func parseStatus(b []byte) (st runState, threads string) {
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "Threads":
+			threads = v
+		case "State":
+			st.state, _, _ = strings.Cut(v, " ")
+		case "SigCgt":
+			st.sigCgt, _ = strconv.ParseUint(v, 16, 64)
+		case "voluntary_ctxt_switches":
+			st.sleeps, _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return st, threads
+}
+
+func readRunState(pid int) (runState, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return runState{}, err
+	}
+	st, _ := parseStatus(b)
+	return st, nil
+}
+
+// aheadTimed are the caught signals that could come to an idle python
+// session by themselves: one that catches them is not cloned ahead.
+const aheadTimed = 1<<(unix.SIGALRM-1) | 1<<(unix.SIGIO-1)
+
+// hasTimers reports whether process pid has POSIX timers (or that cannot
+// be read).
+func hasTimers(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/timers")
+	return err != nil || len(b) > 0
+}
+
+// aheadMaxMemory bounds the private memory of a session cloned ahead.
+const aheadMaxMemory = 64 << 20
+
+// aheadClones are the next checkpoint's clones, made ahead in the spare
+// generation g, on root, and left in group-stop.
+type aheadClones struct {
+	g        *generation
+	root     string
+	sessions map[SessionKind]*session // the clones', as CheckpointTemplates would make them
+	cgs      map[string]cgroup.Cgroup // their session cgroups, by name
+	pids     []int                    // their host pids
+	from     map[int]aheadFrom        // by the host pid of the session each was made from
+}
+
+// aheadFrom is a session as it was cloned ahead.
+type aheadFrom struct {
+	look   *template   // its look before the stop
+	regs   inject.Regs // its stop registers
+	sleeps uint64      // its voluntary context switches, once asleep again
+}
+
+// asleepAsCloned reports whether the looks before a checkpoint's stop find
+// every session in the sleep it was cloned in.
+func (ah *aheadClones) asleepAsCloned(looked map[int]*template) bool {
+	if len(looked) != len(ah.from) {
+		return false
+	}
+	for pid, t := range looked {
+		f, ok := ah.from[pid]
+		if !ok || t.run.state != "S" || t.run.sleeps != f.sleeps || t.start != f.look.start || t.cloneKey() != f.look.cloneKey() {
+			return false
+		}
+	}
+	return true
+}
+
+// stoppedAsCloned reports whether every stopped session stopped inside the
+// system call it was cloned in, with the same registers, after exactly one
+// more sleep (the stop), and every clone is still stopped.
+func (ah *aheadClones) stoppedAsCloned(stopped []*inject.Proc) bool {
+	for _, p := range stopped {
+		f, ok := ah.from[p.Pid()]
+		if !ok || p.StopRegs() != f.regs {
+			return false
+		}
+		if st, err := readRunState(p.Pid()); err != nil || st.sleeps != f.sleeps+1 {
+			return false
+		}
+	}
+	for _, pid := range ah.pids {
+		if procfs.State(pid) != "T" {
+			return false
+		}
+	}
+	return true
+}
+
+// start lets the clones run.
+func (ah *aheadClones) start() error {
+	var errs []error
+	for _, pid := range ah.pids {
+		errs = append(errs, unix.Kill(pid, unix.SIGCONT))
+	}
+	return errors.Join(errs...)
+}
+
+// markStep records that the sandbox was checkpointed or restored: the next
+// session call is a step towards the next checkpoint (see wantAhead).
+func (s *Sandbox) markStep() {
+	s.mu.Lock()
+	s.stepping = true
+	s.mu.Unlock()
+}
+
+// callStarts drops the clones made ahead (a session of kind is about to
+// run) and the shell state read ahead if it is the shell, and reports
+// whether this call is the first since a checkpoint or restore. The caller
+// holds the session's lock.
+func (s *Sandbox) callStarts(kind SessionKind) bool {
+	s.mu.Lock()
+	first := s.stepping
+	s.stepping = false
+	ah := s.ahead
+	s.ahead = nil
+	if kind == SessionShell {
+		s.shellOf = nil
+	}
+	s.mu.Unlock()
+	if ah != nil {
+		s.discardAhead(ah)
+	}
+	return first
+}
+
+// wantAhead asks for clones made ahead, in the background: at once when
+// the spare is ready (a few milliseconds of work, which must be done
+// before the agent's next checkpoint: it does not queue behind other
+// background work), else once prepareNext made it.
+func (s *Sandbox) wantAhead() {
+	s.mu.Lock()
+	s.aheadWanted = true
+	now := !s.destroyed && !s.nexting && s.spareRoot != "" && s.spareRoot == s.rootfs && s.spareFits(s.spare, s.spareRoot)
+	if now {
+		s.nexting = true // prepareNext's job waits for this one
+		s.bg.Add(1)
+	}
+	s.mu.Unlock()
+	if !now {
+		s.prepareNext()
+		return
+	}
+	go func() {
+		defer s.bg.Done()
+		ctx, done := s.startPrep(context.Background(), false)
+		s.switchMu.RLock()
+		s.cloneAhead(ctx)
+		s.switchMu.RUnlock()
+		done()
+		s.mu.Lock()
+		s.nexting = false
+		again := s.nextAgain
+		s.nextAgain = false
+		s.mu.Unlock()
+		if again {
+			s.prepareNext()
+		}
+	}()
+}
+
+// dropAhead discards the clones made ahead, if any.
+func (s *Sandbox) dropAhead() {
+	s.mu.Lock()
+	ah := s.ahead
+	s.ahead = nil
+	s.mu.Unlock()
+	if ah != nil {
+		s.discardAhead(ah)
+	}
+}
+
+// takeAhead hands the clones made ahead to a checkpoint that switches to
+// generation next on root, or discards them when they were made for
+// another.
+func (s *Sandbox) takeAhead(next *generation, root string) *aheadClones {
+	s.mu.Lock()
+	ah := s.ahead
+	s.ahead = nil
+	s.mu.Unlock()
+	if ah != nil && (ah.g != next || ah.root != root) {
+		s.log.Debug("checkpoint: the clones made ahead are for another generation")
+		s.discardAhead(ah)
+		ah = nil
+	}
+	return ah
+}
+
+// discardAhead kills clones made ahead and removes their cgroups in the
+// background; until those are gone their processes count as the sandbox's
+// own, not as workload.
+func (s *Sandbox) discardAhead(ah *aheadClones) {
+	for _, pid := range ah.pids {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	for _, ss := range ah.sessions {
+		ss.closePipes()
+	}
+	s.mu.Lock()
+	for _, cg := range ah.cgs {
+		s.leavingCgs[cg] = true
+	}
+	s.mu.Unlock()
+	s.tearDown(func() {
+		for _, cg := range ah.cgs {
+			_ = cg.Delete(context.Background())
+		}
+		s.mu.Lock()
+		for _, cg := range ah.cgs {
+			delete(s.leavingCgs, cg)
+		}
+		s.mu.Unlock()
+	})
+}
+
+// cloneAhead makes the next checkpoint's clones in the spare generation
+// (see the top of this file) if they are wanted, the spare is set up on
+// the live root, and the sandbox's processes are only idle, small
+// sessions. prepareNext's job calls it, holding the switch lock for
+// reading; a session that is busy makes it give up.
+func (s *Sandbox) cloneAhead(ctx context.Context) {
+	s.mu.Lock()
+	g, root := s.spare, s.spareRoot
+	ok := s.aheadWanted && !s.destroyed && s.ahead == nil && root != "" && s.spareFits(g, root)
+	s.aheadWanted = false
+	old := s.g
+	sessions := make([]*session, 0, len(s.sess))
+	for _, ss := range s.sess {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	if !ok || len(sessions) == 0 {
+		return
+	}
+	why := func(reason string) { s.log.Debug("clones made ahead: not now", "why", reason) }
+	for _, ss := range sessions {
+		if !ss.mu.TryLock() {
+			why("a session is busy")
+			return
+		}
+		defer ss.mu.Unlock()
+	}
+	// The checkpoint reads the shell's state as data (ShellState): read
+	// now, while the session may still run, and kept for it.
+	s.mu.Lock()
+	shell := s.sess[SessionShell]
+	read := shell == nil || s.shellOf == shell
+	s.mu.Unlock()
+	if !read {
+		if _, err := s.captureShell(ctx, shell); err != nil {
+			why(err.Error())
+			return
+		}
+	}
+	byPid, reasons, err := s.idleSessions(sessions, s.initPids())
+	if err != nil || len(reasons) > 0 {
+		why(fmt.Sprint("not only idle sessions: ", reasons, err))
+		return
+	}
+	looked := map[int]*template{}
+	for pid, ss := range byPid {
+		// Just done with a call, it may still be on its way to its read.
+		_, _ = asleepAgain(ctx, pid)
+		t, reason := inspect(pid, ss, nil)
+		switch {
+		case reason != "":
+		case t.run.state != "S":
+			reason = "not asleep"
+		case ss.kind == SessionPython && t.run.sigCgt&aheadTimed != 0:
+			reason = fmt.Sprintf("it catches timer signals (%#x)", t.run.sigCgt)
+		case hasTimers(pid):
+			reason = "it has timers"
+		}
+		if n, err := privateMemory(pid); reason == "" && (err != nil || n > aheadMaxMemory) {
+			reason = fmt.Sprintf("%d bytes of private memory (%v)", n, err)
+		}
+		if reason != "" {
+			why(fmt.Sprintf("%s session: %s", ss.kind, reason))
+			return
+		}
+		looked[pid] = t
+	}
+	tr := s.rt.tracerThread()
+	var stopped []*inject.Proc
+	defer func() {
+		for _, p := range stopped {
+			_ = p.Detach(false)
+		}
+	}()
+	tpls := make([]*template, 0, len(byPid))
+	for pid, ss := range byPid {
+		p, err := tr.Seize(ctx, pid, seizeTimeout)
+		if err != nil {
+			return
+		}
+		stopped = append(stopped, p)
+		t := looked[pid]
+		if t.tidOff, err = s.rt.tidOffset(ctx, p); err != nil {
+			return
+		}
+		t.pc, t.sp = p.Regs().PC(), p.Regs().SP()
+		if t.origin = ss.p.origin; t.origin == nil {
+			t.origin = old
+		}
+		tpls = append(tpls, t)
+	}
+	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
+	ah := &aheadClones{g: g, root: root, cgs: map[string]cgroup.Cgroup{}, from: map[int]aheadFrom{}}
+	var clones []*inject.Proc
+	ah.sessions, clones, err = ts.cloneAll(ctx, stopped, g, s, ah.cgs)
+	for _, c := range clones {
+		ah.pids = append(ah.pids, c.Pid())
+	}
+	// The clone left the sessions' children to be born in g: back to their
+	// own namespace, or they cannot go on.
+	for _, p := range stopped {
+		if rerr := resetPidNS(p); rerr != nil {
+			err = errors.Join(err, rerr)
+			_ = p.Kill()
+		}
+	}
+	if err != nil {
+		s.log.Debug("clones made ahead: failed", "err", err)
+		stopClones(s.log, clones)
+		s.discardAhead(ah)
+		return
+	}
+	stopClones(s.log, clones)
+	for _, p := range stopped {
+		ah.from[p.Pid()] = aheadFrom{look: looked[p.Pid()], regs: p.StopRegs()}
+		_ = p.Detach(false) // reading again
+	}
+	stopped = nil
+	// Their sleeps are counted once they are asleep again (their locks are
+	// still held: no call can come in meanwhile).
+	for pid, f := range ah.from {
+		st, err := asleepAgain(ctx, pid)
+		if err != nil {
+			s.discardAhead(ah)
+			return
+		}
+		f.sleeps = st.sleeps
+		ah.from[pid] = f
+	}
+	s.mu.Lock()
+	keep := !s.destroyed && s.ahead == nil && s.spare == g
+	if keep {
+		s.ahead = ah
+	}
+	s.mu.Unlock()
+	if !keep {
+		s.log.Debug("clones made ahead: the spare changed meanwhile")
+		s.discardAhead(ah)
+	}
+}
+
+// asleepAgain waits (a little) for a session just let go or just done with
+// a call to be asleep again.
+func asleepAgain(ctx context.Context, pid int) (runState, error) {
+	for i := 0; ; i++ {
+		st, err := readRunState(pid)
+		if err != nil {
+			return st, err
+		}
+		if st.state == "S" {
+			return st, nil
+		}
+		if i == 200 || ctx.Err() != nil {
+			return st, errors.New("the session did not go back to sleep")
+		}
+		time.Sleep(250 * time.Microsecond)
+	}
+}
+
+// privateMemory is what process pid holds alone: its private pages
+// (smaps_rollup's Private_Clean + Private_Dirty), not shared ones.
+func privateMemory(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "Private_Clean" || k == "Private_Dirty") {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			total += kb << 10
+		}
+	}
+	return total, nil
+}
