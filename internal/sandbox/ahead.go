@@ -134,25 +134,32 @@ func (ah *aheadClones) asleepAsCloned(looked map[int]*template) bool {
 	return true
 }
 
-// stoppedAsCloned reports whether every stopped session stopped inside the
-// system call it was cloned in, with the same registers, after exactly one
-// more sleep (the stop), and every clone is still stopped.
-func (ah *aheadClones) stoppedAsCloned(stopped []*inject.Proc) bool {
+// stoppedAsCloned says why not, unless every stopped session stopped
+// inside the system call it was cloned in, with the same registers, after
+// exactly one more sleep (the stop), and every clone is still stopped.
+func (ah *aheadClones) stoppedAsCloned(stopped []*inject.Proc) string {
 	for _, p := range stopped {
 		f, ok := ah.from[p.Pid()]
-		if !ok || p.StopRegs() != f.regs {
-			return false
+		if !ok {
+			return fmt.Sprintf("session %d was not cloned ahead", p.Pid())
 		}
-		if st, err := readRunState(p.Pid()); err != nil || st.sleeps != f.sleeps+1 {
-			return false
+		if p.StopRegs() != f.regs {
+			return fmt.Sprintf("session %d stopped at %#x, cloned at %#x", p.Pid(), p.StopRegs().PC(), f.regs.PC())
+		}
+		st, err := readRunState(p.Pid())
+		if err != nil {
+			return err.Error()
+		}
+		if st.sleeps != f.sleeps+1 {
+			return fmt.Sprintf("session %d slept %d times since its clone, want 1", p.Pid(), st.sleeps-f.sleeps)
 		}
 	}
 	for _, pid := range ah.pids {
-		if procfs.State(pid) != "T" {
-			return false
+		if st := procfs.State(pid); st != "T" {
+			return fmt.Sprintf("clone %d is in state %q", pid, st)
 		}
 	}
-	return true
+	return ""
 }
 
 // start lets the clones run.

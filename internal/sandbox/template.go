@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -192,17 +193,20 @@ func (ts *Templates) refill() {
 // another generation.
 type template struct {
 	// mu serialises the clones of one template (and Alive's look at it):
-	// while one is made, the template is ptrace-stopped, not in group-stop.
-	mu     sync.Mutex
-	pid    int // host pid
-	start  string
-	kind   SessionKind
-	origin *generation // its parent's (the init that reaps its clones)
-	cwd    string
-	fds    []fdRef
-	tidOff uintptr
-	pc, sp uintptr  // where it stopped: a template found elsewhere was resumed
-	run    runState // when it was looked at (see inspect)
+	// while one is made, the template is ptrace-stopped, not in group-stop
+	// (nor between clones that queue: see lock).
+	mu      sync.Mutex
+	waiting atomic.Int32 // clones waiting for mu
+	held    *inject.Proc // the template, attached, between queued clones (under mu)
+	pid     int          // host pid
+	start   string
+	kind    SessionKind
+	origin  *generation // its parent's (the init that reaps its clones)
+	cwd     string
+	fds     []fdRef
+	tidOff  uintptr
+	pc, sp  uintptr  // where it stopped: a template found elsewhere was resumed
+	run     runState // when it was looked at (see inspect)
 	// scratch is dead stack memory of the template (and of its clones, at
 	// first) for injected arguments, found by its first clone (under mu).
 	scratch uintptr
@@ -314,7 +318,9 @@ const seizeTimeout = 2 * time.Second
 // capture commits the filesystem (the sandbox's writable layer stays the
 // live one): it must call captured at the instant the content is taken
 // (the clones start only then) and may go on with its bookkeeping
-// afterwards. It runs while the clones are made, so that the pause is the
+// afterwards. It may be called a second time, whose commit replaces the
+// first (one taken before the stop, for clones made ahead, that a session
+// which ran meanwhile voided). It runs while the clones are made, so that the pause is the
 // longer of the two, not their sum.
 //
 // It returns an *IneligibleError, having changed nothing, when the sandbox
@@ -451,10 +457,16 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		stopped = append(stopped, p)
 		order = append(order, ss)
 	}
-	if ah != nil && !ah.stoppedAsCloned(stopped) {
-		// It ran meanwhile: what the capture holds may be newer than the
-		// session. Rare (a signal in these milliseconds): the slow path.
-		return nil, &IneligibleError{Reasons: []string{"a session ran during the checkpoint"}}
+	if ah != nil {
+		if why := ah.stoppedAsCloned(stopped); why != "" {
+			// It ran meanwhile (a signal in these milliseconds): what the
+			// capture holds may be newer than the session. Taken again,
+			// now that it is stopped, and cloned on the spot.
+			s.log.Debug("checkpoint: the clones made ahead are stale", "why", why)
+			_ = cr.wait()
+			s.discardAhead(ah)
+			ah, cr = nil, nil
+		}
 	}
 	if cr == nil {
 		cr = startCapture(ctx, capture)
@@ -1134,32 +1146,11 @@ func start(log *slog.Logger, clones []*inject.Proc) {
 // template tp the caller seized stays attached; one clone seizes itself is
 // left in group-stop again.
 func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, next *generation, sb *Sandbox, cgs map[string]cgroup.Cgroup) (_ *session, c *inject.Proc, err error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	tr := newTrace(ctx)
 	defer tr.done(sb.log, "clone "+t.kind.String())
-	// A checkpoint's clone (its template seized by the caller) goes on on
-	// the same root: it keeps the template's open files, which the template,
-	// never to run again, does not use.
-	keepFiles := tp != nil
-	if tp == nil {
-		if !t.stopped() {
-			return nil, nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
-		}
-		if tp, err = ts.tracer.Seize(ctx, t.pid, seizeTimeout); err != nil {
-			return nil, nil, err
-		}
-		if r := tp.Regs(); r.PC() != t.pc || r.SP() != t.sp {
-			_ = tp.Detach(true)
-			return nil, nil, fmt.Errorf("template %d was resumed (it is not where it stopped)", t.pid)
-		}
-		defer func() { _ = tp.Detach(true) }()
-	}
-
 	// Fresh stdio: the daemon keeps one end, next's init holds the other
 	// until the clone took it.
 	p := &proc{origin: t.origin, dead: next.deadCh}
-	tr.step("seize")
 	st, err := next.takeStdio(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -1171,42 +1162,13 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 			p.closeHostEnds()
 		}
 	}()
-	tr.step("hold")
 	initPid, err := next.pidAt(ts.g.level)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pid of the new init in the template's namespace: %w", err)
 	}
-	if t.scratch == 0 { // the template never runs again: its stack stays dead
-		if t.scratch, err = tp.Scratch(); err != nil {
-			return nil, nil, err
-		}
-	}
-	scratch := t.scratch // the clone's stack is the template's
-	tid := tp.FSBase() + t.tidOff
-	// One batch on the tracer's thread, two programs (each system calls run
-	// by the tracee in one resume): the template clones itself into next's
-	// pid namespace, the clone enters next's other namespaces.
-	err = tp.Batch(func(b *inject.Batch) error {
-		var pg inject.Program
-		pfd := pg.Call("template: pidfd_open", unix.SYS_PIDFD_OPEN, inject.Value(uintptr(initPid)), inject.Value(0))
-		pg.Call("template: setns pid", unix.SYS_SETNS, inject.Result(pfd), inject.Value(unix.CLONE_NEWPID))
-		pg.Clone("template: clone", unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid)
-		pg.Try("template: close", unix.SYS_CLOSE, inject.Result(pfd))
-		res, err := b.Run(tp, &pg, scratch)
-		c = res.Child
-		if err != nil {
-			if len(res.Results) > pfd && len(res.Results) < pg.Len() {
-				_, _ = b.Syscall(tp, unix.SYS_CLOSE, res.Results[pfd]) // the program ended before its close
-			}
-			return err
-		}
-		tr.step("fork")
-		return enter(b, c, t, res.Results[pfd], st.fds, scratch, keepFiles)
-	})
-	if err != nil {
-		if c != nil {
-			_ = c.Kill()
-		}
+	tr.step("hold")
+	// Only the fork needs the template: the rest is done outside its lock.
+	if c, err = ts.fork(ctx, t, tp, initPid, st.fds, tr); err != nil {
 		return nil, nil, err
 	}
 	defer func() {
@@ -1251,6 +1213,90 @@ func (ts *Templates) clone(ctx context.Context, t *template, tp *inject.Proc, ne
 	p.status = t.origin.waitChan(cns[t.origin.level]) // before it can exit
 	tr.step("cgroup")
 	return &session{kind: t.kind, p: p}, c, nil
+}
+
+// fork makes the clone of t, attached and stopped: the template's program
+// (into the pid namespace of next, whose init is initPid there, and clone)
+// and the clone's (enter), on the tracer's thread, under the template's
+// lock. tp is the template when the caller seized it (a checkpoint's: the
+// clone keeps its files); else the template is seized here, or found
+// still attached by the clone before (see template.lock).
+func (ts *Templates) fork(ctx context.Context, t *template, tp *inject.Proc, initPid int, stdio []int, tr *trace) (c *inject.Proc, err error) {
+	t.lock()
+	defer t.unlock()
+	// A checkpoint's clone (its template seized by the caller) goes on on
+	// the same root: it keeps the template's open files, which the template,
+	// never to run again, does not use.
+	keepFiles := tp != nil
+	if tp == nil {
+		if tp = t.held; tp == nil {
+			if !t.stopped() {
+				return nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
+			}
+			if tp, err = ts.tracer.Seize(ctx, t.pid, seizeTimeout); err != nil {
+				return nil, err
+			}
+			if r := tp.Regs(); r.PC() != t.pc || r.SP() != t.sp {
+				_ = tp.Detach(true)
+				return nil, fmt.Errorf("template %d was resumed (it is not where it stopped)", t.pid)
+			}
+			t.held = tp
+		}
+	}
+	tr.step("seize")
+	if t.scratch == 0 { // the template never runs again: its stack stays dead
+		if t.scratch, err = tp.Scratch(); err != nil {
+			return nil, err
+		}
+	}
+	scratch := t.scratch // the clone's stack is the template's
+	tid := tp.FSBase() + t.tidOff
+	// One batch on the tracer's thread, two programs (each system calls run
+	// by the tracee in one resume): the template clones itself into next's
+	// pid namespace, the clone enters next's other namespaces.
+	err = tp.Batch(func(b *inject.Batch) error {
+		var pg inject.Program
+		pfd := pg.Call("template: pidfd_open", unix.SYS_PIDFD_OPEN, inject.Value(uintptr(initPid)), inject.Value(0))
+		pg.Call("template: setns pid", unix.SYS_SETNS, inject.Result(pfd), inject.Value(unix.CLONE_NEWPID))
+		pg.Clone("template: clone", unix.CLONE_PARENT|unix.CLONE_CHILD_SETTID|uintptr(unix.SIGCHLD), tid)
+		pg.Try("template: close", unix.SYS_CLOSE, inject.Result(pfd))
+		res, err := b.Run(tp, &pg, scratch)
+		c = res.Child
+		if err != nil {
+			if len(res.Results) > pfd && len(res.Results) < pg.Len() {
+				_, _ = b.Syscall(tp, unix.SYS_CLOSE, res.Results[pfd]) // the program ended before its close
+			}
+			return err
+		}
+		tr.step("fork")
+		return enter(b, c, t, res.Results[pfd], stdio, scratch, keepFiles)
+	})
+	if err != nil {
+		if c != nil {
+			_ = c.Kill()
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// lock takes the template's lock. While clones queue for it (a fan-out),
+// the template stays attached from one to the next (held) rather than
+// going back into group-stop and being seized again for each.
+func (t *template) lock() {
+	t.waiting.Add(1)
+	t.mu.Lock()
+	t.waiting.Add(-1)
+}
+
+// unlock releases the template's lock, detaching the template into
+// group-stop unless another clone waits for it.
+func (t *template) unlock() {
+	if t.held != nil && t.waiting.Load() == 0 {
+		_ = t.held.Detach(true)
+		t.held = nil
+	}
+	t.mu.Unlock()
 }
 
 // enter runs the clone's side of the sequence, as one program (more if its
@@ -1303,9 +1349,9 @@ func (ts *Templates) Alive() bool {
 		return false
 	}
 	for _, t := range ts.procs {
-		t.mu.Lock()
-		ok := t.stopped()
-		t.mu.Unlock()
+		t.lock()
+		ok := (t.held != nil && procfs.StartTime(t.pid) == t.start) || (t.held == nil && t.stopped())
+		t.unlock()
 		if !ok {
 			return false
 		}

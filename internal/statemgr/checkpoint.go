@@ -216,6 +216,10 @@ func (m *Manager) ack(ck *ckRecord, r *record) error {
 func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, r *record, ck *ckRecord) (bool, string, error) {
 	var committed layer.Info
 	ts, err := sb.CheckpointTemplates(ctx, "tpl-"+ck.ID, func(ctx context.Context, captured func()) error {
+		if committed.ID != "" { // taken again: the first is void
+			_ = m.layers.Remove(context.Background(), committed.ID)
+			committed = layer.Info{}
+		}
 		var err error
 		committed, err = m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID}, captured)
 		return err

@@ -798,8 +798,9 @@ func rootOf(t *testing.T, pid int) string {
 // TestTemplatesSpareSetUpAhead checks that the spare generation a
 // checkpoint's templates keep for a restore or fork that comes unprepared
 // is booted and set up ahead (on the runtime's stand-in root), and that a
-// restore to that checkpoint, while the sandbox is elsewhere, re-roots it
-// into the sandbox's root and runs the checkpoint's session there.
+// restore to that checkpoint in a sandbox that is elsewhere (a fork of a
+// later checkpoint) re-roots it into the sandbox's root and runs the
+// checkpoint's session there.
 func TestTemplatesSpareSetUpAhead(t *testing.T) {
 	m := newManager(t)
 	id := create(t, m, sandbox.Config{})
@@ -822,6 +823,14 @@ func TestTemplatesSpareSetUpAhead(t *testing.T) {
 	if len(ahead) == 0 {
 		t.Fatalf("no generation of the templates of %s was set up ahead on the stand-in root", ck1.ID)
 	}
+	// The restore comes unprepared in a fork of the sandbox (the sandbox
+	// itself may have a restore to ck1 made ready since ck1).
+	fk, err := m.Fork(context.Background(), ck2.ID, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = fk.IDs[0]
+	t.Cleanup(func() { _ = m.DeleteSandbox(context.Background(), id, true) })
 	wantTemplates(t, "restore", restore(t, m, id, ck1.ID).Processes, "python")
 	if r := session(t, m, id, sandbox.SessionPython, `print(x)`); r.stdout != "1\n" {
 		t.Fatalf("after the restore: %q %q", r.stdout, r.stderr)
