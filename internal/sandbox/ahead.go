@@ -327,7 +327,22 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 			return
 		}
 	}
-	byPid, reasons, err := s.idleSessions(sessions, s.initPids())
+	// Preparations running alongside (a restore made ready: they too hold
+	// the switch lock for reading) register their processes only once they
+	// are made: here any process outside the live generation's pid
+	// namespace is taken for one of theirs. The checkpoint's own look is
+	// strict: a clone made ahead of a sandbox that is not eligible is only
+	// wasted.
+	inits := s.initPids()
+	if liveNS, err := os.Readlink("/proc/" + strconv.Itoa(old.hostPid) + "/ns/pid"); err == nil {
+		pids, _ := s.cg.Procs()
+		for _, p := range pids {
+			if ns, err := os.Readlink("/proc/" + strconv.Itoa(p) + "/ns/pid"); err == nil && ns != liveNS {
+				inits[p] = true
+			}
+		}
+	}
+	byPid, reasons, err := s.idleSessions(sessions, inits)
 	if err != nil || len(reasons) > 0 {
 		why(fmt.Sprint("not only idle sessions: ", reasons, err))
 		return
