@@ -322,7 +322,8 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	read := shell == nil || s.shellOf == shell
 	s.mu.Unlock()
 	if !read {
-		if _, err := s.captureShell(ctx, shell); err != nil {
+		// Not cancelled midway: a call cut short kills its session.
+		if _, err := s.captureShell(context.WithoutCancel(ctx), shell); err != nil {
 			why(err.Error())
 			return
 		}
