@@ -266,6 +266,9 @@ func (s *Sandbox) takeAhead(next *generation, root string) *aheadClones {
 // own, not as workload.
 func (s *Sandbox) discardAhead(ah *aheadClones) {
 	for _, pid := range ah.pids {
+		// Dying takes CPU (their page tables): at the lowest priority, not
+		// against the sessions'.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
 	for _, ss := range ah.sessions {

@@ -1465,7 +1465,6 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	s.interruptPreps(true) // made for the generation this one replaces
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
-	s.dropAhead() // made for the sessions this replaces
 	defer s.markStep()
 	if !ts.use() {
 		prep.Release()
@@ -1518,8 +1517,13 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	s.g, s.rootfs = next, target
 	s.sess, s.children = map[SessionKind]*session{}, map[string]cgroup.Cgroup{}
 	s.replay = map[SessionKind]string{}
-	spare := s.spare
-	s.spare, s.spareRoot = nil, ""
+	spare, ah := s.spare, s.ahead // ah: made for the sessions this replaces
+	s.spare, s.spareRoot, s.ahead = nil, "", nil
+	if ah != nil {
+		for _, cg := range ah.cgs { // no workload until they are gone
+			s.leavingCgs[cg] = true
+		}
+	}
 	s.mu.Unlock()
 	tr.step("switch")
 	var fresh map[SessionKind]*session
@@ -1576,6 +1580,9 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 		}
 		for _, p := range lowest {
 			_ = unix.Setpriority(unix.PRIO_PROCESS, p, 19)
+		}
+		if ah != nil {
+			s.discardAhead(ah)
 		}
 		if spare != nil {
 			spare.release()
