@@ -918,6 +918,18 @@ func TestForkFanOutsFindGenerationsReady(t *testing.T) {
 	}
 }
 
+// stepAhead runs a step (the first session call since a checkpoint or
+// restore) and returns the one clone made ahead after it.
+func stepAhead(t *testing.T, m *statemgr.Manager, id string, kind sandbox.SessionKind, code string) int {
+	t.Helper()
+	session(t, m, id, kind, code)
+	ahead := stoppedSessions(t, m, id, true)
+	if len(ahead) != 1 {
+		t.Fatalf("clones made ahead after the step %q: %v, want one", code, ahead)
+	}
+	return ahead[0]
+}
+
 // sessionPids returns the running (not stopped) processes of sandbox id's
 // session cgroup of kind.
 func sessionPids(t *testing.T, id string, kind sandbox.SessionKind) []int {
@@ -952,30 +964,22 @@ func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 	wantTemplates(t, "checkpoint", ck1.Processes, "python")
 
 	// A call that is not followed by a checkpoint: its clone is dropped.
-	session(t, m, id, sandbox.SessionPython, `x.append(2)`)
-	dropped := stoppedSessions(t, m, id, true)
-	if len(dropped) != 1 {
-		t.Fatalf("clones made ahead after the first call since a checkpoint: %v, want one", dropped)
-	}
+	dropped := stepAhead(t, m, id, sandbox.SessionPython, `x.append(2)`)
 	if r := session(t, m, id, sandbox.SessionPython, `x.append(3); print(x, next(gen))`); r.stdout != "[1, 2, 3] 1\n" {
 		t.Fatalf("session after its clone was made ahead: %q %q", r.stdout, r.stderr)
 	}
-	waitFor(t, "the dropped clone to go", func() bool { st := testutil.ProcState(dropped[0]); return st == "" || st == "Z" })
+	waitFor(t, "the dropped clone to go", func() bool { st := testutil.ProcState(dropped); return st == "" || st == "Z" })
 
 	// A checkpoint, a step, and the next checkpoint takes the clone made
 	// after the step.
 	ck2 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck2.Processes, "python")
-	session(t, m, id, sandbox.SessionPython, `x.append(4)`)
-	ahead := stoppedSessions(t, m, id, true)
-	if len(ahead) != 1 {
-		t.Fatalf("clones made ahead after the step: %v, want one", ahead)
-	}
+	ahead := stepAhead(t, m, id, sandbox.SessionPython, `x.append(4)`)
 	before := sessionPids(t, id, sandbox.SessionPython)
 	ck3 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck3.Processes, "python")
-	if live := sessionPids(t, id, sandbox.SessionPython); len(live) != 1 || live[0] != ahead[0] {
-		t.Fatalf("python session after the checkpoint: %v, want the clone made ahead %d (it was %v)", live, ahead[0], before)
+	if live := sessionPids(t, id, sandbox.SessionPython); len(live) != 1 || live[0] != ahead {
+		t.Fatalf("python session after the checkpoint: %v, want the clone made ahead %d (it was %v)", live, ahead, before)
 	}
 	if st := testutil.ProcState(before[0]); st != "T" {
 		t.Errorf("the session the clone was made from is %q after the checkpoint, want a stopped template", st)
@@ -1006,11 +1010,10 @@ func TestCheckpointDropsClonesMadeAheadOfASessionThatRan(t *testing.T) {
 	session(t, m, id, sandbox.SessionShell, `N=1; f() { echo "f$N"; }`)
 	ck1 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck1.Processes, "shell")
-	session(t, m, id, sandbox.SessionShell, `N=2`)
-	ahead := stoppedSessions(t, m, id, true)
+	ahead := stepAhead(t, m, id, sandbox.SessionShell, `N=2`)
 	live := sessionPids(t, id, sandbox.SessionShell)
-	if len(ahead) != 1 || len(live) != 1 {
-		t.Fatalf("shell clones made ahead %v, live %v: want one each (%q)", ahead, live, log.lines)
+	if len(live) != 1 {
+		t.Fatalf("shell sessions %v, want one", live)
 	}
 	woke := voluntarySwitches(t, live[0])
 	if err := syscall.Kill(live[0], syscall.SIGCHLD); err != nil {
@@ -1021,8 +1024,8 @@ func TestCheckpointDropsClonesMadeAheadOfASessionThatRan(t *testing.T) {
 	})
 	ck2 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck2.Processes, "shell")
-	if now := sessionPids(t, id, sandbox.SessionShell); len(now) != 1 || now[0] == ahead[0] {
-		t.Fatalf("shell session after the checkpoint: %v, want a fresh clone, not the stale one %d", now, ahead[0])
+	if now := sessionPids(t, id, sandbox.SessionShell); len(now) != 1 || now[0] == ahead {
+		t.Fatalf("shell session after the checkpoint: %v, want a fresh clone, not the stale one %d", now, ahead)
 	}
 	if r := session(t, m, id, sandbox.SessionShell, `f`); r.stdout != "f2\n" {
 		t.Fatalf("live session after the checkpoint: %q %q", r.stdout, r.stderr)
