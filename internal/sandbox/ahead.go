@@ -331,6 +331,9 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 			return
 		}
 	}
+	if ctx.Err() != nil {
+		return // a restore or reroot waits for the switch lock
+	}
 	// Preparations running alongside (a restore made ready: they too hold
 	// the switch lock for reading) register their processes only once they
 	// are made: here any process outside the live generation's pid
@@ -374,6 +377,9 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		}
 		looked[pid] = t
 	}
+	if ctx.Err() != nil {
+		return
+	}
 	tr := s.rt.tracerThread()
 	var stopped []*inject.Proc
 	defer func() {
@@ -397,6 +403,9 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 			t.origin = old
 		}
 		tpls = append(tpls, t)
+	}
+	if ctx.Err() != nil {
+		return
 	}
 	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
 	ah := &aheadClones{g: g, root: root, cgs: map[string]cgroup.Cgroup{}, from: map[int]aheadFrom{}}
