@@ -131,13 +131,15 @@ func run(heapList string, runs, forks int, think time.Duration) error {
 			if _, err := py(in.ID, heapCode(mib, huge)); err != nil {
 				return err
 			}
-			var pause, restore, restoreCall []time.Duration
+			var pause, ckCall, restore, restoreCall []time.Duration
 			var ckID string
 			for i := 0; i < runs; i++ {
+				began := time.Now()
 				ck, err := m.Checkpoint(ctx, in.ID, daemon.CheckpointOptions{})
 				if err != nil {
 					return err
 				}
+				ckCall = append(ckCall, time.Since(began))
 				if len(ck.Processes) == 0 || ck.Processes[0].Path != daemon.PathTemplate {
 					return fmt.Errorf("checkpoint took the slow path: %+v", ck.Processes)
 				}
@@ -147,7 +149,7 @@ func run(heapList string, runs, forks int, think time.Duration) error {
 					return err
 				}
 				time.Sleep(think)
-				began := time.Now()
+				began = time.Now()
 				res, err := m.Restore(ctx, in.ID, ck.ID)
 				if err != nil {
 					return err
@@ -165,6 +167,7 @@ func run(heapList string, runs, forks int, think time.Duration) error {
 			}
 			label := fmt.Sprintf("python %d MiB, %s", mib, pages)
 			fmt.Printf("%-34s %s  %s\n", "checkpoint pause, "+label, summarize(pause), "14 / 10.83")
+			fmt.Printf("%-34s %s\n", "  checkpoint call (client view)", summarize(ckCall))
 			fmt.Printf("%-34s %s  %s\n", "restore, "+label, summarize(restore), "5 / 1.86")
 			fmt.Printf("%-34s %s\n", "  restore call (client view)", summarize(restoreCall))
 			if mib == 10 && !huge {

@@ -4,7 +4,8 @@
 // tracer and the tests need from /proc: its state (and whether it is on its
 // way out), its start time (which, with the pid, names one process for
 // good), its pids in each pid namespace, its command line, and which of its
-// pages it wrote or owns alone (dirty.go).
+// pages it wrote or owns alone (dirty.go); and how much of the page cache
+// is dirty.
 package procfs
 
 import (
@@ -95,3 +96,24 @@ func Exiting(pid int) bool {
 }
 
 const pfExiting = 0x4 // PF_EXITING, include/linux/sched.h
+
+// Dirty returns how many bytes of the page cache wait to be written back
+// (/proc/meminfo's Dirty plus Writeback), machine-wide.
+func Dirty() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "Dirty" || k == "Writeback") {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/meminfo %s: %w", k, err)
+			}
+			total += kb << 10
+		}
+	}
+	return total, nil
+}

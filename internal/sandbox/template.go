@@ -1363,17 +1363,19 @@ func (ts *Templates) Alive() bool {
 // after its detach it may still be on its way into the stop: it is given a
 // moment. The caller holds t.mu.
 func (t *template) stopped() bool {
-	for i := 0; ; i++ {
+	wait := 50 * time.Microsecond // the stop follows a detach within microseconds
+	for deadline := time.Now().Add(200 * time.Millisecond); ; {
 		if procfs.StartTime(t.pid) != t.start {
 			return false
 		}
 		if procfs.State(t.pid) == "T" {
 			return true
 		}
-		if i == 100 {
+		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(wait)
+		wait = min(2*wait, 2*time.Millisecond)
 	}
 }
 

@@ -118,7 +118,7 @@ func TestSessionStateReplayedWithoutTemplates(t *testing.T) {
 	id := create(t, m, sandbox.Config{})
 	session(t, m, id, sandbox.SessionShell, `mkdir -p /work/d && cd /work/d; export E=exported; V="two words"; declare -a ARR=(1 "2 3"); f() { echo "f:$1"; }; alias hi='echo hi'; set -o noclobber; trap 'echo bye' USR1; umask 027`)
 	session(t, m, id, sandbox.SessionPython, "x = 1")
-	ck := checkpoint(t, m, id, "")
+	ck := templatesEvicted(t, m, checkpoint(t, m, id, "").ID)
 	paths := map[string]daemon.ProcessPath{}
 	for _, p := range ck.Processes {
 		paths[p.Name] = p.Path

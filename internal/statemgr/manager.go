@@ -91,7 +91,7 @@ type Manager struct {
 	busy map[string]int         // running calls per sandbox
 	ops  map[string]*sync.Mutex // per-sandbox lock of checkpoint, restore, delete
 
-	bg sync.WaitGroup // background removals of replaced layers
+	bg sync.WaitGroup // background work: removals of replaced layers, spares, the templates' budget
 
 	// layersMu orders layer creation against garbage collection: an
 	// operation that makes a layer before a record references it (create,
@@ -116,6 +116,9 @@ type Manager struct {
 	tplGone   map[string]string         // checkpoint -> why its templates are gone
 	tplBudget int64                     // bytes of private memory templates may hold
 	keepTpl   bool                      // Close leaves them for the next daemon
+	// budgeting: enforceBudgetLater's run is under way; budgetAgain: it
+	// was asked for again meanwhile.
+	budgeting, budgetAgain bool
 }
 
 var _ daemon.Backend = (*Manager)(nil)

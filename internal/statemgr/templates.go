@@ -49,14 +49,45 @@ func (m *Manager) templatesOf(ck *ckRecord) (*sandbox.Templates, string) {
 	return h.ts, ""
 }
 
-// keepTemplates registers a checkpoint's templates and evicts the least
-// recently used ones past the memory budget (which measures them all).
+// keepTemplates registers a checkpoint's templates and has the least
+// recently used ones evicted past the memory budget, in the background:
+// measuring them walks every template's page tables (milliseconds, growing
+// with the checkpoints kept), which the checkpoint's answer does not wait
+// for. (New templates hold almost nothing alone: their pages are shared
+// with the clones that went on.)
 func (m *Manager) keepTemplates(ckID string, ts *sandbox.Templates, retired string) {
 	h := &heldTemplates{ts: ts, retired: retired, lastUsed: time.Now()}
 	m.mu.Lock()
 	m.tpl[ckID] = h
 	m.mu.Unlock()
-	m.enforceBudget()
+	m.enforceBudgetLater()
+}
+
+// enforceBudgetLater runs enforceBudget in the background, once at a time
+// (a call meanwhile has it run once more).
+func (m *Manager) enforceBudgetLater() {
+	m.mu.Lock()
+	if m.budgeting {
+		m.budgetAgain = true
+		m.mu.Unlock()
+		return
+	}
+	m.budgeting = true
+	m.mu.Unlock()
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		for {
+			m.enforceBudget()
+			m.mu.Lock()
+			again := m.budgetAgain
+			m.budgeting, m.budgetAgain = again, false
+			m.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	}()
 }
 
 // enforceBudget evicts templates, least recently used first, until their

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -279,6 +280,9 @@ func TestTemplateKilledDowngradesCheckpoint(t *testing.T) {
 			got, err := m.GetCheckpoint(context.Background(), ck.ID)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if how == "evicted" {
+				got = templatesEvicted(t, m, ck.ID)
 			}
 			if p := paths(got.Processes)["shell session"]; p != daemon.PathReplay || !strings.Contains(got.Processes[0].Reason, "template") {
 				t.Errorf("checkpoint after the template was %s: %+v", how, got.Processes)
@@ -916,6 +920,22 @@ func TestForkFanOutsFindGenerationsReady(t *testing.T) {
 	if n > 1 {
 		t.Errorf("after a fan-out from another checkpoint, %s keeps %d generations set up ahead, want at most 1", ck.ID, n)
 	}
+}
+
+// templatesEvicted waits for checkpoint ck's templates to be evicted past
+// the memory budget (in the background, after the checkpoint) and returns
+// the checkpoint then.
+func templatesEvicted(t *testing.T, m *statemgr.Manager, ck string) daemon.Checkpoint {
+	t.Helper()
+	var got daemon.Checkpoint
+	waitFor(t, "the templates of "+ck+" evicted", func() bool {
+		var err error
+		if got, err = m.GetCheckpoint(context.Background(), ck); err != nil {
+			t.Fatal(err)
+		}
+		return !slices.ContainsFunc(got.Processes, func(p daemon.ProcessState) bool { return p.Path == daemon.PathTemplate })
+	})
+	return got
 }
 
 // stepAhead runs a step (the first session call since a checkpoint or
