@@ -187,15 +187,11 @@ func (s *Sandbox) callStarts(kind SessionKind) bool {
 	s.mu.Lock()
 	first := s.stepping
 	s.stepping = false
-	ah := s.ahead
-	s.ahead = nil
 	if kind == SessionShell {
 		s.shellOf = nil
 	}
 	s.mu.Unlock()
-	if ah != nil {
-		s.discardAhead(ah)
-	}
+	s.dropAhead()
 	return first
 }
 
@@ -234,8 +230,9 @@ func (s *Sandbox) wantAhead() {
 	}()
 }
 
-// dropAhead discards the clones made ahead, if any.
-func (s *Sandbox) dropAhead() {
+// dropAhead discards the clones made ahead, if any, and reports whether
+// there were.
+func (s *Sandbox) dropAhead() bool {
 	s.mu.Lock()
 	ah := s.ahead
 	s.ahead = nil
@@ -243,6 +240,7 @@ func (s *Sandbox) dropAhead() {
 	if ah != nil {
 		s.discardAhead(ah)
 	}
+	return ah != nil
 }
 
 // takeAhead hands the clones made ahead to a checkpoint that switches to

@@ -420,6 +420,9 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	// verify).
 	looked := map[int]*template{}
 	for pid, ss := range byPid {
+		// Just done with a call (the state read as data, say), a session
+		// may still be on its way to its next read, its fds not settled.
+		_, _ = asleepAgain(ctx, pid)
 		t, why := inspect(pid, ss, nil)
 		if why != "" {
 			return nil, &IneligibleError{Reasons: []string{fmt.Sprintf("%s session (pid %d): %s", ss.kind, pid, why)}}

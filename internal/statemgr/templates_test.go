@@ -151,22 +151,24 @@ func TestTemplateHundredRestores(t *testing.T) {
 			t.Fatalf("restore %d: shell %q", i, r.stdout)
 		}
 	}
-	// Nothing piles up: one generation of processes, however many restores.
-	if r := sh(t, m, id, `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -e '^bash --noprofile --norc $' -e '^python3 -u -q -c'`); strings.TrimSpace(r.stdout) != "2" {
+	// Nothing piles up: one generation of processes, however many restores
+	// (clones made ahead, in the next generation nested below, left out).
+	if r := sh(t, m, id, `for p in /proc/[0-9]*; do grep -q '^NSpid:[[:space:]]*[0-9]*$' $p/status 2>/dev/null && { tr '\0' ' ' < $p/cmdline; echo; }; done | grep -c -e '^bash --noprofile --norc $' -e '^python3 -u -q -c'`); strings.TrimSpace(r.stdout) != "2" {
 		t.Errorf("session processes in the sandbox after 100 restores: %s", r.stdout)
 	}
 }
 
 // visible lists the processes a python session sees, itself as 'me', and
-// its init as 1 (the sandbox's spare init for its next checkpoint, pid 1 of
-// a namespace nested below, is left out).
-const visible = `[1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) if p == 1 or not open("/proc/%d/status" % p).read().split("NSpid:")[1].split("\n")[0].split()[-1] == "1"]`
+// its init as 1. The sandbox's own next generation, in a namespace nested
+// below (the spare init for its next checkpoint, the clones made ahead in
+// it), is left out: templates and other sandboxes are never nested below.
+const visible = `[1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) if p == 1 or len(open("/proc/%d/status" % p).read().split("NSpid:")[1].split("\n")[0].split()) == 1]`
 
-// signallable lists the pids a python session can signal other than itself
-// and the threads of its sandbox's own inits: the live generation's (pid 1)
-// and the one made ahead for the next checkpoint (pid 1 of a namespace
-// nested below; it may be booting meanwhile, so its threads are counted
-// again after the probe).
+// signallable lists the pids a python session can signal other than itself,
+// the threads of its sandbox's init (pid 1) and its next generation (a
+// namespace nested below: the init made ahead for the next checkpoint and
+// the clones made ahead in it; it may be booting meanwhile, so it is
+// listed again after the probe).
 const signallable = `
 def ours():
     out = {os.getpid()}
@@ -175,7 +177,7 @@ def ours():
             continue
         try:
             nspid = [l for l in open("/proc/%s/status" % p).read().split("\n") if l.startswith("NSpid:")][0].split()[1:]
-            if nspid[-1] == "1":
+            if nspid[-1] == "1" or len(nspid) > 1:
                 out |= {int(t) for t in os.listdir("/proc/%s/task" % p)}
         except (OSError, IndexError):
             pass
