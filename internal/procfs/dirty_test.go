@@ -100,3 +100,48 @@ func TestExiting(t *testing.T) {
 		t.Errorf("Exiting(a reaped process) = false")
 	}
 }
+
+// TestPrivateMemory has a python process write 32 MiB of its own and
+// finds at least that; forked, the pages it shares with its child are no
+// longer its own.
+func TestPrivateMemory(t *testing.T) {
+	testutil.RequiresBinary(t, "python3")
+	testutil.CheckLeaks(t)
+	cmd := exec.Command("python3", "-u", "-c", `import os, sys
+b = bytearray(32 << 20)
+for i in range(0, len(b), 4096): b[i] = 1
+print("ready", flush=True)
+sys.stdin.readline()
+pid = os.fork()
+if pid == 0:
+    sys.stdin.readline(); os._exit(0)
+print("forked", flush=True)
+os.waitpid(pid, 0)`)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("python said %q", lines.Text())
+	}
+	alone, err := procfs.PrivateMemory(cmd.Process.Pid)
+	if err != nil || alone < 32<<20 {
+		t.Fatalf("PrivateMemory = %d, %v; want at least 32 MiB", alone, err)
+	}
+	if _, err := in.Write([]byte("\n")); err != nil {
+		t.Fatal(err)
+	}
+	if !lines.Scan() || lines.Text() != "forked" {
+		t.Fatalf("python said %q", lines.Text())
+	}
+	shared, err := procfs.PrivateMemory(cmd.Process.Pid)
+	if err != nil || shared > alone-32<<20 {
+		t.Errorf("PrivateMemory after a fork = %d, %v; want 32 MiB less than %d", shared, err, alone)
+	}
+	if n, err := procfs.Dirty(); err != nil || n < 0 {
+		t.Errorf("Dirty() = %d, %v", n, err)
+	}
+}

@@ -4,13 +4,14 @@
 // tracer and the tests need from /proc: its state (and whether it is on its
 // way out), its start time (which, with the pid, names one process for
 // good), its pids in each pid namespace, its command line, and which of its
-// pages it wrote or owns alone (dirty.go); and how much of the page cache
-// is dirty.
+// pages it wrote or owns alone (dirty.go) and how much memory it holds
+// alone; and how much of the page cache is dirty.
 package procfs
 
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -99,21 +100,32 @@ const pfExiting = 0x4 // PF_EXITING, include/linux/sched.h
 
 // Dirty returns how many bytes of the page cache wait to be written back
 // (/proc/meminfo's Dirty plus Writeback), machine-wide.
-func Dirty() (int64, error) {
-	b, err := os.ReadFile("/proc/meminfo")
+func Dirty() (int64, error) { return sumKB("/proc/meminfo", "Dirty", "Writeback") }
+
+// PrivateMemory returns what process pid holds alone: its private pages
+// (smaps_rollup's Private_Clean plus Private_Dirty), not shared ones. It
+// walks the process's page tables.
+func PrivateMemory(pid int) (int64, error) {
+	return sumKB("/proc/"+strconv.Itoa(pid)+"/smaps_rollup", "Private_Clean", "Private_Dirty")
+}
+
+// sumKB sums the "key: N kB" lines of file named by keys, in bytes.
+func sumKB(file string, keys ...string) (int64, error) {
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(line, ":")
-		if ok && (k == "Dirty" || k == "Writeback") {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc/meminfo %s: %w", k, err)
-			}
-			total += kb << 10
+		if !ok || !slices.Contains(keys, k) {
+			continue
 		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s %s: %w", file, k, err)
+		}
+		total += kb << 10
 	}
 	return total, nil
 }

@@ -366,7 +366,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		case hasTimers(pid):
 			reason = "it has timers"
 		}
-		if n, err := privateMemory(pid); reason == "" && (err != nil || n > aheadMaxMemory) {
+		if n, err := procfs.PrivateMemory(pid); reason == "" && (err != nil || n > aheadMaxMemory) {
 			reason = fmt.Sprintf("%d bytes of private memory (%v)", n, err)
 		}
 		if reason != "" {
@@ -471,22 +471,4 @@ func asleepAgain(ctx context.Context, pid int) (runState, error) {
 		}
 		time.Sleep(250 * time.Microsecond)
 	}
-}
-
-// privateMemory is what process pid holds alone: its private pages
-// (smaps_rollup's Private_Clean + Private_Dirty), not shared ones.
-func privateMemory(pid int) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
-	if err != nil {
-		return 0, err
-	}
-	var total int64
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if ok && (k == "Private_Clean" || k == "Private_Dirty") {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			total += kb << 10
-		}
-	}
-	return total, nil
 }

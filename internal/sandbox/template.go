@@ -1397,7 +1397,7 @@ func (ts *Templates) Kinds() []SessionKind {
 func (ts *Templates) PrivateMemory() int64 {
 	var total int64
 	for _, t := range ts.procs {
-		n, _ := privateMemory(t.pid)
+		n, _ := procfs.PrivateMemory(t.pid)
 		total += n
 	}
 	return total
