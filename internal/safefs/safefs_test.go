@@ -299,7 +299,6 @@ type node struct {
 	uid, gid uint32
 	mtime    int64
 	content  string
-	ino      uint64
 }
 
 func describe(t *testing.T, dir string, base uint32) map[string]node {
