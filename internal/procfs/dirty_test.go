@@ -4,6 +4,7 @@ package procfs_test
 
 import (
 	"bufio"
+	"io"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -19,18 +20,11 @@ func TestTouched(t *testing.T) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "python3")
 	testutil.CheckLeaks(t)
-	cmd := exec.Command("python3", "-u", "-c", `import mmap, sys, ctypes
+	cmd, _, lines := python(t, `import mmap, sys, ctypes
 m = mmap.mmap(-1, 64 << 12, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 for i in (3, 4, 5, 40, 42): m[i << 12] = 1
 print(ctypes.addressof(ctypes.c_char.from_buffer(m)), flush=True)
 sys.stdin.readline()`)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { in.Close(); _ = cmd.Wait() }()
-	lines := bufio.NewScanner(out)
 	lines.Scan()
 	base, err := strconv.ParseUint(strings.TrimSpace(lines.Text()), 10, 64)
 	if err != nil {
@@ -107,7 +101,7 @@ func TestExiting(t *testing.T) {
 func TestPrivateMemory(t *testing.T) {
 	testutil.RequiresBinary(t, "python3")
 	testutil.CheckLeaks(t)
-	cmd := exec.Command("python3", "-u", "-c", `import os, sys
+	cmd, in, lines := python(t, `import os, sys
 b = bytearray(32 << 20)
 for i in range(0, len(b), 4096): b[i] = 1
 print("ready", flush=True)
@@ -117,13 +111,6 @@ if pid == 0:
     sys.stdin.readline(); os._exit(0)
 print("forked", flush=True)
 os.waitpid(pid, 0)`)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { in.Close(); _ = cmd.Wait() }()
-	lines := bufio.NewScanner(out)
 	if !lines.Scan() || lines.Text() != "ready" {
 		t.Fatalf("python said %q", lines.Text())
 	}
@@ -144,4 +131,18 @@ os.waitpid(pid, 0)`)
 	if n, err := procfs.Dirty(); err != nil || n < 0 {
 		t.Errorf("Dirty() = %d, %v", n, err)
 	}
+}
+
+// python starts python3 running script, with a pipe on its stdin and its
+// stdout read by line; the test's end closes its stdin and waits for it.
+func python(t *testing.T, script string) (*exec.Cmd, io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command("python3", "-u", "-c", script)
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close(); _ = cmd.Wait() })
+	return cmd, in, bufio.NewScanner(out)
 }
