@@ -53,11 +53,9 @@ import (
 
 // runState is what /proc/pid/status says of how a process runs.
 type runState struct {
-	state   string // "S" (asleep), "T" (stopped), ...
-	sleeps  uint64 // voluntary context switches
-	sigCgt  uint64 // caught signals (bit n-1 for signal n)
-	pending uint64 // pending signals, the thread's and the process's
-	ppid    int
+	state  string // "S" (asleep), "T" (stopped), ...
+	sleeps uint64 // voluntary context switches
+	sigCgt uint64 // caught signals (bit n-1 for signal n)
 }
 
 // parseStatus reads a /proc/pid/status and returns its run state and its
@@ -73,11 +71,6 @@ func parseStatus(b []byte) (st runState, threads string) {
 			st.state, _, _ = strings.Cut(v, " ")
 		case "SigCgt":
 			st.sigCgt, _ = strconv.ParseUint(v, 16, 64)
-		case "SigPnd", "ShdPnd":
-			n, _ := strconv.ParseUint(v, 16, 64)
-			st.pending |= n
-		case "PPid":
-			st.ppid, _ = strconv.Atoi(v)
 		case "voluntary_ctxt_switches":
 			st.sleeps, _ = strconv.ParseUint(v, 10, 64)
 		}
@@ -116,7 +109,6 @@ type aheadClones struct {
 	sessions map[SessionKind]*session // the clones', as CheckpointTemplates would make them
 	cgs      map[string]cgroup.Cgroup // their session cgroups, by name
 	pids     []int                    // their host pids
-	starts   []string                 // and start times (a pid reused is not theirs)
 	from     map[int]aheadFrom        // by the host pid of the session each was made from
 }
 
@@ -195,7 +187,6 @@ func (s *Sandbox) callStarts(kind SessionKind) bool {
 	s.mu.Lock()
 	first := s.stepping
 	s.stepping = false
-	s.aheadEpoch++
 	if kind == SessionShell {
 		s.shellOf = nil
 	}
@@ -272,10 +263,7 @@ func (s *Sandbox) takeAhead(next *generation, root string) *aheadClones {
 // background; until those are gone their processes count as the sandbox's
 // own, not as workload.
 func (s *Sandbox) discardAhead(ah *aheadClones) {
-	for i, pid := range ah.pids {
-		if procfs.StartTime(pid) != ah.starts[i] {
-			continue // gone already (with the spare's pid namespace, say)
-		}
+	for _, pid := range ah.pids {
 		// Dying takes CPU (their page tables): at the lowest priority, not
 		// against the sessions'.
 		_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
@@ -309,9 +297,9 @@ func (s *Sandbox) discardAhead(ah *aheadClones) {
 func (s *Sandbox) cloneAhead(ctx context.Context) {
 	s.mu.Lock()
 	g, root := s.spare, s.spareRoot
-	ok := s.aheadWanted && !s.destroyed && s.ahead == nil && s.running == 0 && root != "" && s.spareFits(g, root)
+	ok := s.aheadWanted && !s.destroyed && s.ahead == nil && root != "" && s.spareFits(g, root)
 	s.aheadWanted = false
-	old, epoch := s.g, s.aheadEpoch
+	old := s.g
 	sessions := make([]*session, 0, len(s.sess))
 	for _, ss := range s.sess {
 		sessions = append(sessions, ss)
@@ -328,12 +316,6 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		}
 		defer ss.mu.Unlock()
 	}
-	// Eligible, before anything runs; the look the clones are made from
-	// comes once the shell's state is read (below).
-	if _, reason := s.aheadLook(ctx, sessions, old); reason != "" {
-		why(reason)
-		return
-	}
 	// The checkpoint reads the shell's state as data (ShellState): read
 	// now, while the session may still run, and kept for it.
 	s.mu.Lock()
@@ -342,10 +324,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	s.mu.Unlock()
 	if !read {
 		// Not cancelled midway: a call cut short kills its session.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_, err := s.captureShell(cctx, shell)
-		cancel()
-		if err != nil {
+		if _, err := s.captureShell(context.WithoutCancel(ctx), shell); err != nil {
 			why(err.Error())
 			return
 		}
@@ -353,9 +332,50 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	if ctx.Err() != nil {
 		return // a restore or reroot waits for the switch lock
 	}
-	looked, reason := s.aheadLook(ctx, sessions, old)
-	if reason != "" {
-		why(reason)
+	// Preparations running alongside (a restore made ready: they too hold
+	// the switch lock for reading) register their processes only once they
+	// are made: here any process outside the live generation's pid
+	// namespace is taken for one of theirs. The checkpoint's own look is
+	// strict: a clone made ahead of a sandbox that is not eligible is only
+	// wasted.
+	inits := s.initPids()
+	if liveNS, err := os.Readlink("/proc/" + strconv.Itoa(old.hostPid) + "/ns/pid"); err == nil {
+		pids, _ := s.cg.Procs()
+		for _, p := range pids {
+			if ns, err := os.Readlink("/proc/" + strconv.Itoa(p) + "/ns/pid"); err == nil && ns != liveNS {
+				inits[p] = true
+			}
+		}
+	}
+	byPid, reasons, err := s.idleSessions(sessions, inits)
+	if err != nil || len(reasons) > 0 {
+		why(fmt.Sprint("not only idle sessions: ", reasons, err))
+		return
+	}
+	looked := map[int]*template{}
+	for pid, ss := range byPid {
+		// Just done with a call, it may still be on its way to its read.
+		_, _ = asleepAgain(ctx, pid)
+		t, reason := inspect(pid, ss, nil)
+		switch {
+		case reason != "":
+		case t.run.state != "S":
+			reason = "not asleep"
+		case ss.kind == SessionPython && t.run.sigCgt&aheadTimed != 0:
+			reason = fmt.Sprintf("it catches timer signals (%#x)", t.run.sigCgt)
+		case hasTimers(pid):
+			reason = "it has timers"
+		}
+		if n, err := procfs.PrivateMemory(pid); reason == "" && (err != nil || n > aheadMaxMemory) {
+			reason = fmt.Sprintf("%d bytes of private memory (%v)", n, err)
+		}
+		if reason != "" {
+			why(fmt.Sprintf("%s session: %s", ss.kind, reason))
+			return
+		}
+		looked[pid] = t
+	}
+	if ctx.Err() != nil {
 		return
 	}
 	tr := s.rt.tracerThread()
@@ -365,17 +385,21 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 			_ = p.Detach(false)
 		}
 	}()
-	tpls := make([]*template, 0, len(looked))
-	for pid, t := range looked {
+	tpls := make([]*template, 0, len(byPid))
+	for pid, ss := range byPid {
 		p, err := tr.Seize(ctx, pid, seizeTimeout)
 		if err != nil {
 			return
 		}
 		stopped = append(stopped, p)
+		t := looked[pid]
 		if t.tidOff, err = s.rt.tidOffset(ctx, p); err != nil {
 			return
 		}
 		t.pc, t.sp = p.Regs().PC(), p.Regs().SP()
+		if t.origin = ss.p.origin; t.origin == nil {
+			t.origin = old
+		}
 		tpls = append(tpls, t)
 	}
 	if ctx.Err() != nil {
@@ -384,24 +408,16 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
 	ah := &aheadClones{g: g, root: root, cgs: map[string]cgroup.Cgroup{}, from: map[int]aheadFrom{}}
 	var clones []*inject.Proc
-	var err error
 	ah.sessions, clones, err = ts.cloneAll(ctx, stopped, g, s, ah.cgs)
 	for _, c := range clones {
 		ah.pids = append(ah.pids, c.Pid())
-		ah.starts = append(ah.starts, procfs.StartTime(c.Pid()))
 	}
+	// The clone left the sessions' children to be born in g: back to their
+	// own namespace, or they cannot go on.
 	for _, p := range stopped {
-		// The clone left the session's children to be born in g: back to
-		// its own namespace, or it cannot go on.
 		if rerr := resetPidNS(p); rerr != nil {
 			err = errors.Join(err, rerr)
 			_ = p.Kill()
-			continue
-		}
-		// A signal that came while it was stopped runs its handler once
-		// let go, unseen by the sleeps counted below.
-		if st, rerr := readRunState(p.Pid()); rerr != nil || len(p.Pending()) > 0 || st.pending != 0 {
-			err = errors.Join(err, errors.New("a signal came meanwhile"), rerr)
 		}
 	}
 	if err != nil {
@@ -427,76 +443,16 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		f.sleeps = st.sleeps
 		ah.from[pid] = f
 	}
-	// Kept only if nothing that voids them came meanwhile: a command (it
-	// could have written a session's memory), a session started, a call.
 	s.mu.Lock()
-	keep := !s.destroyed && s.ahead == nil && s.spare == g && s.spareRoot == s.rootfs && s.aheadEpoch == epoch && s.running == 0
+	keep := !s.destroyed && s.ahead == nil && s.spare == g
 	if keep {
 		s.ahead = ah
 	}
 	s.mu.Unlock()
 	if !keep {
-		s.log.Debug("clones made ahead: the sandbox changed meanwhile")
+		s.log.Debug("clones made ahead: the spare changed meanwhile")
 		s.discardAhead(ah)
 	}
-}
-
-// aheadLook checks that the sandbox's processes are only its sessions,
-// idle, small and without timers, and returns each session's look (by
-// host pid), with its origin, or why not. The caller holds every session's
-// lock.
-func (s *Sandbox) aheadLook(ctx context.Context, sessions []*session, live *generation) (map[int]*template, string) {
-	// Preparations running alongside (a restore made ready: they too hold
-	// the switch lock for reading) register their processes only once they
-	// are made: processes outside the live generation's pid namespace whose
-	// parent is outside it too (the templates' generation's init started
-	// them) are taken for theirs. A workload process in a namespace of its
-	// own has its parent in the live one.
-	inits := s.initPids()
-	liveNS, err := os.Readlink("/proc/" + strconv.Itoa(live.hostPid) + "/ns/pid")
-	if err != nil {
-		return nil, err.Error()
-	}
-	outside := func(p int) bool {
-		ns, err := os.Readlink("/proc/" + strconv.Itoa(p) + "/ns/pid")
-		return err == nil && ns != liveNS
-	}
-	pids, _ := s.cg.Procs()
-	for _, p := range pids {
-		if st, err := readRunState(p); err == nil && outside(p) && outside(st.ppid) {
-			inits[p] = true
-		}
-	}
-	byPid, reasons, err := s.idleSessions(sessions, inits)
-	if err != nil || len(reasons) > 0 {
-		return nil, fmt.Sprint("not only idle sessions: ", reasons, err)
-	}
-	looked := map[int]*template{}
-	for pid, ss := range byPid {
-		// Just done with a call, it may still be on its way to its read.
-		_, _ = asleepAgain(ctx, pid)
-		t, reason := inspect(pid, ss, nil)
-		switch {
-		case reason != "":
-		case t.run.state != "S":
-			reason = "not asleep"
-		case ss.kind == SessionPython && t.run.sigCgt&aheadTimed != 0:
-			reason = fmt.Sprintf("it catches timer signals (%#x)", t.run.sigCgt)
-		case hasTimers(pid):
-			reason = "it has timers"
-		}
-		if n, err := procfs.PrivateMemory(pid); reason == "" && (err != nil || n > aheadMaxMemory) {
-			reason = fmt.Sprintf("%d bytes of private memory (%v)", n, err)
-		}
-		if reason != "" {
-			return nil, fmt.Sprintf("%s session: %s", ss.kind, reason)
-		}
-		if t.origin = ss.p.origin; t.origin == nil {
-			t.origin = live
-		}
-		looked[pid] = t
-	}
-	return looked, ""
 }
 
 // asleepAgain waits (a little) for a session just let go or just done with

@@ -166,23 +166,13 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	s.mu.Lock()
 	s.execs++
 	n := s.execs
+	s.mu.Unlock()
 	// A command could change a session's memory without it running
 	// (process_vm_writev, /proc/pid/mem): the clones made ahead of the
-	// sessions, and the shell state read ahead, are void; the clones are
-	// made again once it is done.
-	s.aheadEpoch++
-	s.running++
-	s.shellOf = nil
-	s.mu.Unlock()
-	had := s.dropAhead()
-	defer func() {
-		s.mu.Lock()
-		s.running--
-		s.mu.Unlock()
-		if had {
-			s.wantAhead()
-		}
-	}()
+	// sessions are void, made again once it is done.
+	if s.dropAhead() {
+		defer s.wantAhead()
+	}
 	p, err := s.start(ctx, req.Argv, MergeEnv(s.env, req.Env), cwd, "exec-"+strconv.Itoa(n), req.Stdin != nil)
 	if err != nil {
 		if errdefs.IsNotFound(err) {

@@ -205,11 +205,6 @@ type Sandbox struct {
 	ahead       *aheadClones
 	aheadWanted bool
 	stepping    bool
-	// aheadEpoch counts what voids clones made ahead (calls, commands, new
-	// sessions): clones made across a change are not kept. running counts
-	// the commands in flight.
-	aheadEpoch uint64
-	running    int
 	// shellScript is the shell session shellOf's state (ShellState), read
 	// ahead, while the session has not been called since.
 	shellOf     *session

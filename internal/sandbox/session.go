@@ -217,7 +217,6 @@ func (s *Sandbox) session(ctx context.Context, kind SessionKind) (*session, erro
 		return other, nil
 	}
 	s.sess[kind] = ss
-	s.aheadEpoch++     // clones made ahead are of the sessions before it
 	go s.prepareNext() // for the first checkpoint of the session
 	return ss, nil
 }

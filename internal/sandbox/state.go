@@ -106,7 +106,6 @@ func (s *Sandbox) captureShell(ctx context.Context, ss *session) (string, error)
 func (s *Sandbox) ReplayShellState(ctx context.Context, script string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.aheadEpoch++
 	if ss, ok := s.sess[SessionShell]; ok {
 		// A running session would keep its own state: replace it.
 		delete(s.sess, SessionShell)
