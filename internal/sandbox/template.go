@@ -389,7 +389,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	// only if the sessions did not run since.
 	ah := s.takeAhead(next, nextRoot)
 	defer func() {
-		if ah != nil && err != nil {
+		if ah != nil && err != nil && !switched { // once switched, they are the live sessions
 			s.discardAhead(ah)
 		}
 	}()
