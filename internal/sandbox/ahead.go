@@ -202,7 +202,7 @@ func (s *Sandbox) callStarts(kind SessionKind) bool {
 func (s *Sandbox) wantAhead() {
 	s.mu.Lock()
 	s.aheadWanted = true
-	now := !s.destroyed && !s.nexting && s.spareRoot != "" && s.spareRoot == s.rootfs && s.spareFits(s.spare, s.spareRoot)
+	now := !s.destroyed && !s.nexting && s.spareReady()
 	if now {
 		s.nexting = true // prepareNext's job waits for this one
 		s.bg.Add(1)
@@ -219,14 +219,7 @@ func (s *Sandbox) wantAhead() {
 		s.cloneAhead(ctx)
 		s.switchMu.RUnlock()
 		done()
-		s.mu.Lock()
-		s.nexting = false
-		again := s.nextAgain
-		s.nextAgain = false
-		s.mu.Unlock()
-		if again {
-			s.prepareNext()
-		}
+		s.nextDone(false)
 	}()
 }
 

@@ -897,8 +897,7 @@ func (s *Sandbox) prepareNext() {
 		s.mu.Unlock()
 		return
 	}
-	ready := s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)
-	if s.destroyed || (ready && !(s.aheadWanted && s.ahead == nil)) {
+	if s.destroyed || (s.spareReady() && !(s.aheadWanted && s.ahead == nil)) {
 		s.mu.Unlock()
 		return
 	}
@@ -919,16 +918,7 @@ func (s *Sandbox) prepareNext() {
 		// interrupted (by what replaced the generation it was for) asks
 		// again, for the new one: that operation's own ask found it in
 		// flight.
-		defer func() {
-			s.mu.Lock()
-			s.nexting = false
-			again := s.nextAgain
-			s.nextAgain = false
-			s.mu.Unlock()
-			if ctx.Err() != nil || again {
-				s.prepareNext()
-			}
-		}()
+		defer func() { s.nextDone(ctx.Err() != nil) }()
 		g, groot, err := s.takeNext(ctx)
 		if err != nil {
 			return
@@ -950,6 +940,26 @@ func (s *Sandbox) prepareNext() {
 		s.giveBack(g, root)
 		s.cloneAhead(ctx)
 	})
+}
+
+// spareReady reports whether the spare generation is set up on the live
+// root. s.mu must be held.
+func (s *Sandbox) spareReady() bool {
+	return s.spareRoot != "" && s.spareFits(s.spare, s.spareRoot)
+}
+
+// nextDone ends prepareNext's job (or the clones made ahead in its stead:
+// see wantAhead), and has it run again if it was asked for meanwhile or
+// retry (it was interrupted, for a generation since replaced).
+func (s *Sandbox) nextDone(retry bool) {
+	s.mu.Lock()
+	s.nexting = false
+	again := s.nextAgain
+	s.nextAgain = false
+	s.mu.Unlock()
+	if retry || again {
+		s.prepareNext()
+	}
 }
 
 // startPrep registers a preparation for the live generation running with
