@@ -29,8 +29,9 @@ type Backend interface {
 	Exec(ctx context.Context, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
 	Session(ctx context.Context, id string, req sandbox.SessionRequest) (sandbox.ExecResult, error)
 
-	// Files opens the sandbox's root filesystem; release closes it.
-	Files(ctx context.Context, id string) (root *safefs.Root, release func(), err error)
+	// Files opens the sandbox's root filesystem; release closes it. write
+	// says the call may change it.
+	Files(ctx context.Context, id string, write bool) (root *safefs.Root, release func(), err error)
 
 	ImportImage(ctx context.Context, name string, r io.Reader) (image.Info, error)
 	ListImages(ctx context.Context) ([]image.Info, error)

@@ -14,14 +14,15 @@ import (
 // The file handlers open the sandbox's root with Backend.Files for the
 // duration of one call; safefs confines every path to it.
 
-func (s *service) root(ctx context.Context, id, what, path string) (*safefs.Root, func(), error) {
+// write says the call may change the filesystem.
+func (s *service) root(ctx context.Context, id, what, path string, write bool) (*safefs.Root, func(), error) {
 	if err := validSandboxID(id); err != nil {
 		return nil, nil, err
 	}
 	if err := validPath(what, path); err != nil {
 		return nil, nil, err
 	}
-	return s.b.Files(ctx, id)
+	return s.b.Files(ctx, id, write)
 }
 
 func (s *service) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFileRequest], stream *connect.ServerStream[v1.ReadFileResponse]) error {
@@ -29,7 +30,7 @@ func (s *service) ReadFile(ctx context.Context, req *connect.Request[v1.ReadFile
 	if err := validLimit("max bytes", m.MaxBytes); err != nil {
 		return err
 	}
-	root, release, err := s.root(ctx, m.SandboxId, "read file", m.Path)
+	root, release, err := s.root(ctx, m.SandboxId, "read file", m.Path, false)
 	if err != nil {
 		return err
 	}
@@ -55,7 +56,7 @@ func (s *service) WriteFile(ctx context.Context, stream *connect.ClientStream[v1
 	if hdr.Mode == 0 {
 		perm = 0o644
 	}
-	root, release, err := s.root(ctx, hdr.SandboxId, "write file", hdr.Path)
+	root, release, err := s.root(ctx, hdr.SandboxId, "write file", hdr.Path, true)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +72,7 @@ func (s *service) WriteFile(ctx context.Context, stream *connect.ClientStream[v1
 }
 
 func (s *service) Stat(ctx context.Context, req *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
-	root, release, err := s.root(ctx, req.Msg.SandboxId, "stat", req.Msg.Path)
+	root, release, err := s.root(ctx, req.Msg.SandboxId, "stat", req.Msg.Path, false)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +85,7 @@ func (s *service) Stat(ctx context.Context, req *connect.Request[v1.StatRequest]
 }
 
 func (s *service) ListDir(ctx context.Context, req *connect.Request[v1.ListDirRequest]) (*connect.Response[v1.ListDirResponse], error) {
-	root, release, err := s.root(ctx, req.Msg.SandboxId, "list directory", req.Msg.Path)
+	root, release, err := s.root(ctx, req.Msg.SandboxId, "list directory", req.Msg.Path, false)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +110,7 @@ func (s *service) Mkdir(ctx context.Context, req *connect.Request[v1.MkdirReques
 	if m.Mode == 0 {
 		perm = 0o755
 	}
-	root, release, err := s.root(ctx, m.SandboxId, "mkdir", m.Path)
+	root, release, err := s.root(ctx, m.SandboxId, "mkdir", m.Path, true)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func (s *service) Mkdir(ctx context.Context, req *connect.Request[v1.MkdirReques
 
 func (s *service) Remove(ctx context.Context, req *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
 	m := req.Msg
-	root, release, err := s.root(ctx, m.SandboxId, "remove", m.Path)
+	root, release, err := s.root(ctx, m.SandboxId, "remove", m.Path, true)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +142,7 @@ func (s *service) Upload(ctx context.Context, stream *connect.ClientStream[v1.Up
 	if hdr == nil {
 		return nil, invalid("upload: the first message must be the header")
 	}
-	root, release, err := s.root(ctx, hdr.SandboxId, "upload to", hdr.Dst)
+	root, release, err := s.root(ctx, hdr.SandboxId, "upload to", hdr.Dst, true)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +158,7 @@ func (s *service) Upload(ctx context.Context, stream *connect.ClientStream[v1.Up
 }
 
 func (s *service) Download(ctx context.Context, req *connect.Request[v1.DownloadRequest], stream *connect.ServerStream[v1.DownloadResponse]) error {
-	root, release, err := s.root(ctx, req.Msg.SandboxId, "download", req.Msg.Path)
+	root, release, err := s.root(ctx, req.Msg.SandboxId, "download", req.Msg.Path, false)
 	if err != nil {
 		return err
 	}

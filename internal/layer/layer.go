@@ -159,6 +159,34 @@ type LiveCommitter interface {
 	CommitLive(ctx context.Context, active string, opts ...Opt) (Info, error)
 }
 
+// Preparer is implemented by stores whose commit can be prepared ahead
+// (btrfs): PrepareCommit copies an active layer's content, while nothing
+// writes it, into a copy that is not a layer yet; CommitPrepared later makes
+// the active layer's content as it is then the committed layer and has the
+// active layer, same id, go on in the copy. The commit itself then copies
+// nothing and flushes nothing (a snapshot is a transaction commit: a device
+// flush): a checkpoint whose writers were idle since the copy pays for it
+// while they were idle, not in its pause. It is correct only when nothing
+// wrote the active layer between the two calls; the caller knows that, the
+// store cannot. A copy never committed is discarded (DiscardPrepared, or the
+// next Open, which removes what no layer records).
+type Preparer interface {
+	PrepareCommit(ctx context.Context, active string) (Prepared, error)
+	// CommitPrepared returns the committed layer. From the instant its
+	// WithCaptured hook runs, the writers must be on p.View (Mounts of the
+	// active layer returns it once the commit returns); the old view is the
+	// committed layer's.
+	CommitPrepared(ctx context.Context, p Prepared, opts ...Opt) (Info, error)
+	DiscardPrepared(ctx context.Context, p Prepared) error
+}
+
+// Prepared is a copy of an active layer made by PrepareCommit.
+type Prepared struct {
+	Active string // the layer copied
+	Dir    string // the copy's directory name in the store
+	View   View   // the copy's view: what the writers go on in
+}
+
 // Compactor is implemented by stores that can merge a long chain of committed
 // layers into fewer, off the critical path.
 type Compactor interface {

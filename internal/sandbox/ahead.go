@@ -14,8 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deltabox/deltabox/internal/inject"
+	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/procfs"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
+	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // Clones made ahead of the next checkpoint.
@@ -101,11 +103,39 @@ func hasTimers(pid int) bool {
 // aheadMaxMemory bounds the private memory of a session cloned ahead.
 const aheadMaxMemory = 64 << 20
 
-// aheadClones are the next checkpoint's clones, made ahead in the spare
-// generation g, on root, and left in group-stop.
+// LayerCopier copies a sandbox's writable layer ahead of its next
+// checkpoint; the owner of the layers (the layer.Preparer's) implements it.
+// The clones made ahead then go on in the copy: the checkpoint commits the
+// live layer as it is and switches to the copy (layer.Preparer), with no
+// filesystem work in its pause at all.
+type LayerCopier interface {
+	// CopyLayer copies the layer whose view is live; nothing writes it
+	// meanwhile.
+	CopyLayer(ctx context.Context, live layer.View) (layer.Prepared, error)
+	DiscardCopy(ctx context.Context, p layer.Prepared) error
+}
+
+// SetLayerCopier has the clones made ahead go on in copies c makes.
+func (s *Sandbox) SetLayerCopier(c LayerCopier) {
+	s.mu.Lock()
+	s.copier = c
+	s.mu.Unlock()
+}
+
+// aheadCopy is a copy of the live layer made with clones ahead, mounted at
+// root; the clones' generation is set up on it.
+type aheadCopy struct {
+	p    layer.Prepared
+	root string
+}
+
+// aheadClones are the next checkpoint's clones, made ahead in generation g
+// (the spare, theirs from then on), on root (the live root, or copy's), and
+// left in group-stop.
 type aheadClones struct {
 	g        *generation
 	root     string
+	copy     *aheadCopy               // nil: root is the live root
 	sessions map[SessionKind]*session // the clones', as CheckpointTemplates would make them
 	cgs      map[string]cgroup.Cgroup // their session cgroups, by name
 	pids     []int                    // their host pids
@@ -223,28 +253,72 @@ func (s *Sandbox) wantAhead() {
 	}()
 }
 
-// dropAhead discards the clones made ahead, if any, and reports whether
-// there were.
+// dropAhead discards the clones made ahead, if any (the sandbox is about
+// to change), and reports whether there were. Their generation becomes the
+// spare again (see recycleAhead).
 func (s *Sandbox) dropAhead() bool {
 	s.mu.Lock()
 	ah := s.ahead
 	s.ahead = nil
 	s.mu.Unlock()
 	if ah != nil {
-		s.discardAhead(ah)
+		s.recycleAhead(ah)
 	}
 	return ah != nil
 }
 
-// takeAhead hands the clones made ahead to a checkpoint that switches to
-// generation next on root, or discards them when they were made for
-// another.
-func (s *Sandbox) takeAhead(next *generation, root string) *aheadClones {
+// recycleAhead discards clones made ahead but keeps their generation, set
+// up on the live root again (a pivot, in the background), as the spare: the
+// next checkpoint, or the next clones made ahead, need one, and booting an
+// init costs tens of milliseconds. Until it is back, prepareNext's job
+// waits for it (nexting).
+func (s *Sandbox) recycleAhead(ah *aheadClones) {
+	s.mu.Lock()
+	s.leavingAhead(ah)
+	claimed := !s.nexting
+	s.nexting = true
+	copier := s.copier
+	s.mu.Unlock()
+	s.killAhead(ah)
+	s.tearDown(func() {
+		defer func() {
+			if claimed {
+				s.nextDone(false)
+			}
+		}()
+		// The live root stays while g is set up on it.
+		s.switchMu.RLock()
+		root := s.Rootfs()
+		g := ah.g
+		ok := ah.copy == nil
+		if !ok {
+			_, err := sendRoot(context.Background(), g, initproto.OpReroot, &initproto.Config{}, root, nil)
+			ok = err == nil
+		}
+		s.mu.Lock()
+		delete(s.leaving, g.hostPid)
+		if ok && !s.destroyed && s.spare == nil && s.spareFits(g, root) {
+			s.spare, s.spareRoot, g = g, root, nil
+		}
+		s.mu.Unlock()
+		s.switchMu.RUnlock()
+		if g != nil {
+			g.release()
+		}
+		s.dropAheadRest(copier, ah)
+	})
+}
+
+// takeAhead hands the clones made ahead, with their generation, to a
+// checkpoint of the live generation, or discards them when they were made
+// for another.
+func (s *Sandbox) takeAhead() *aheadClones {
 	s.mu.Lock()
 	ah := s.ahead
 	s.ahead = nil
+	cur := s.g
 	s.mu.Unlock()
-	if ah != nil && (ah.g != next || ah.root != root) {
+	if ah != nil && (ah.g.parent != cur || !ah.g.alive()) {
 		s.log.Debug("checkpoint: the clones made ahead are for another generation")
 		s.discardAhead(ah)
 		ah = nil
@@ -252,10 +326,36 @@ func (s *Sandbox) takeAhead(next *generation, root string) *aheadClones {
 	return ah
 }
 
-// discardAhead kills clones made ahead and removes their cgroups in the
-// background; until those are gone their processes count as the sandbox's
-// own, not as workload.
+// leavingAhead marks the processes of clones made ahead, their generation's
+// init and their cgroups', as none of the workload while they are torn
+// down. s.mu must be held.
+func (s *Sandbox) leavingAhead(ah *aheadClones) {
+	for _, cg := range ah.cgs {
+		s.leavingCgs[cg] = true
+	}
+	s.leaving[ah.g.hostPid] = true
+}
+
+// discardAhead kills clones made ahead with their generation, and removes
+// their cgroups and the copy of the layer in the background; until those
+// are gone their processes count as the sandbox's own, not as workload.
 func (s *Sandbox) discardAhead(ah *aheadClones) {
+	s.mu.Lock()
+	s.leavingAhead(ah)
+	copier := s.copier
+	s.mu.Unlock()
+	s.killAhead(ah)
+	s.tearDown(func() {
+		ah.g.release() // the death of its init takes the clones
+		s.mu.Lock()
+		delete(s.leaving, ah.g.hostPid)
+		s.mu.Unlock()
+		s.dropAheadRest(copier, ah)
+	})
+}
+
+// killAhead kills clones made ahead.
+func (s *Sandbox) killAhead(ah *aheadClones) {
 	for _, pid := range ah.pids {
 		// Dying takes CPU (their page tables): at the lowest priority, not
 		// against the sessions'.
@@ -265,21 +365,59 @@ func (s *Sandbox) discardAhead(ah *aheadClones) {
 	for _, ss := range ah.sessions {
 		ss.closePipes()
 	}
+}
+
+// dropAheadRest removes the cgroups and the copy of the layer of clones
+// made ahead, once their generation is set up elsewhere or gone.
+func (s *Sandbox) dropAheadRest(copier LayerCopier, ah *aheadClones) {
+	for _, cg := range ah.cgs {
+		_ = cg.Delete(context.Background())
+	}
+	if ah.copy != nil {
+		s.dropCopy(copier, ah.copy)
+	}
 	s.mu.Lock()
 	for _, cg := range ah.cgs {
-		s.leavingCgs[cg] = true
+		delete(s.leavingCgs, cg)
 	}
 	s.mu.Unlock()
-	s.tearDown(func() {
-		for _, cg := range ah.cgs {
-			_ = cg.Delete(context.Background())
+}
+
+// dropCopy unmounts and discards a copy of the layer that no generation
+// is set up on any more.
+func (s *Sandbox) dropCopy(copier LayerCopier, c *aheadCopy) {
+	if c.root != "" {
+		if err := unix.Unmount(c.root, unix.MNT_DETACH); err != nil {
+			s.log.Warn("clones made ahead: unmount the copy of the layer", "err", err)
 		}
-		s.mu.Lock()
-		for _, cg := range ah.cgs {
-			delete(s.leavingCgs, cg)
-		}
-		s.mu.Unlock()
-	})
+		_ = os.Remove(c.root)
+	}
+	if err := copier.DiscardCopy(context.Background(), c.p); err != nil {
+		s.log.Warn("clones made ahead: discard the copy of the layer", "err", err)
+	}
+}
+
+// copyAhead copies the live layer (view) for clones made ahead in g and
+// sets g up on the copy. A copy that cannot be made leaves g as it was
+// (nil, nil); failing after that, g is spent (nil, err).
+func (s *Sandbox) copyAhead(ctx context.Context, g *generation, copier LayerCopier, view layer.View) (*aheadCopy, error) {
+	p, err := copier.CopyLayer(ctx, view)
+	if err != nil {
+		s.log.Debug("clones made ahead: on the live root", "why", err)
+		return nil, nil
+	}
+	c := &aheadCopy{p: p}
+	if c.root, err = s.mountRoot(p.View); err != nil {
+		c.root = ""
+		s.dropCopy(copier, c)
+		s.log.Debug("clones made ahead: on the live root", "why", err)
+		return nil, nil
+	}
+	if _, err := sendRoot(ctx, g, initproto.OpReroot, &initproto.Config{}, c.root, nil); err != nil {
+		s.dropCopy(copier, c)
+		return nil, err
+	}
+	return c, nil
 }
 
 // cloneAhead makes the next checkpoint's clones in the spare generation
@@ -290,9 +428,9 @@ func (s *Sandbox) discardAhead(ah *aheadClones) {
 func (s *Sandbox) cloneAhead(ctx context.Context) {
 	s.mu.Lock()
 	g, root := s.spare, s.spareRoot
-	ok := s.aheadWanted && !s.destroyed && s.ahead == nil && root != "" && s.spareFits(g, root)
+	ok := s.aheadWanted && !s.destroyed && s.ahead == nil && s.spareReady() && s.writing == 0
 	s.aheadWanted = false
-	old := s.g
+	old, epoch, copier, view := s.g, s.epoch, s.copier, s.view
 	sessions := make([]*session, 0, len(s.sess))
 	for _, ss := range s.sess {
 		sessions = append(sessions, ss)
@@ -398,8 +536,30 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
+	// The spare is theirs from here: every failure discards it with them.
+	s.mu.Lock()
+	took := s.spare == g && !s.destroyed
+	if took {
+		s.spare, s.spareRoot = nil, ""
+	}
+	s.mu.Unlock()
+	if !took {
+		return
+	}
 	ah := &aheadClones{g: g, root: root, cgs: map[string]cgroup.Cgroup{}, from: map[int]aheadFrom{}}
+	if copier != nil {
+		// The layer as the sessions left it: while they are stopped.
+		c, err := s.copyAhead(ctx, g, copier, view)
+		if c != nil {
+			ah.copy, ah.root = c, c.root
+		}
+		if err != nil {
+			s.log.Debug("clones made ahead: failed", "err", err)
+			s.discardAhead(ah)
+			return
+		}
+	}
+	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
 	var clones []*inject.Proc
 	ah.sessions, clones, err = ts.cloneAll(ctx, stopped, g, s, ah.cgs)
 	for _, c := range clones {
@@ -436,14 +596,16 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		f.sleeps = st.sleeps
 		ah.from[pid] = f
 	}
+	// Kept unless something that could change the sandbox started
+	// meanwhile (see changing).
 	s.mu.Lock()
-	keep := !s.destroyed && s.ahead == nil && s.spare == g
+	keep := !s.destroyed && s.ahead == nil && s.epoch == epoch && s.g == old
 	if keep {
 		s.ahead = ah
 	}
 	s.mu.Unlock()
 	if !keep {
-		s.log.Debug("clones made ahead: the spare changed meanwhile")
+		s.log.Debug("clones made ahead: the sandbox changed meanwhile")
 		s.discardAhead(ah)
 	}
 }

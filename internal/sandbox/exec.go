@@ -167,12 +167,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	s.execs++
 	n := s.execs
 	s.mu.Unlock()
-	// A command could change a session's memory without it running
-	// (process_vm_writev, /proc/pid/mem): the clones made ahead of the
-	// sessions are void, made again once it is done.
-	if s.dropAhead() {
-		defer s.wantAhead()
-	}
+	defer s.changing()()
 	p, err := s.start(ctx, req.Argv, MergeEnv(s.env, req.Env), cwd, "exec-"+strconv.Itoa(n), req.Stdin != nil)
 	if err != nil {
 		if errdefs.IsNotFound(err) {

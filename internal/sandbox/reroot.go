@@ -97,7 +97,7 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 	tr.step("pivot")
 	s.mu.Lock()
 	old := s.rootfs
-	s.rootfs = target
+	s.rootfs, s.view = target, view
 	s.mu.Unlock()
 	// Detaching the old overlay syncs its upper (tens of ms on a loaded
 	// disk): off the critical path. File operations that still hold it

@@ -205,6 +205,16 @@ type Sandbox struct {
 	ahead       *aheadClones
 	aheadWanted bool
 	stepping    bool
+	// writing counts the operations under way that may change the sandbox
+	// without a session call (commands, files written from the host,
+	// sessions starting: see changing), epoch their starts and ends: clones
+	// are made ahead only while none runs, and kept only if none started.
+	writing int
+	epoch   uint64
+	// view is the live root's layer; copier copies it ahead of a checkpoint
+	// (see SetLayerCopier).
+	view   layer.View
+	copier LayerCopier
 	// shellScript is the shell session shellOf's state (ShellState), read
 	// ahead, while the session has not been called since.
 	shellOf     *session
@@ -256,6 +266,43 @@ func (s *Sandbox) Rootfs() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.rootfs
+}
+
+// OpenRoot returns where the sandbox's root is mounted for file operations
+// from the host (internal/safefs confines them to it), and ends them with
+// done. With write they may change it: clones made ahead are void then, and
+// made again once done (see changing).
+func (s *Sandbox) OpenRoot(write bool) (rootfs string, done func()) {
+	// Not while a checkpoint switches roots (see CheckpointTemplates).
+	s.switchMu.RLock()
+	defer s.switchMu.RUnlock()
+	done = func() {}
+	if write {
+		done = s.changing()
+	}
+	return s.Rootfs(), done
+}
+
+// changing registers an operation that may change the sandbox, its
+// filesystem or its sessions' memory (process_vm_writev), without a session
+// call: a command, files written from the host, a session starting. The
+// clones made ahead are void; done ends it, and has them made again if
+// there were.
+func (s *Sandbox) changing() (done func()) {
+	s.mu.Lock()
+	s.writing++
+	s.epoch++
+	s.mu.Unlock()
+	had := s.dropAhead()
+	return func() {
+		s.mu.Lock()
+		s.writing--
+		s.epoch++
+		s.mu.Unlock()
+		if had {
+			s.wantAhead()
+		}
+	}
 }
 
 // InitPid returns the host pid of the sandbox's init.
@@ -323,6 +370,7 @@ func (r *Runtime) prepare(ctx context.Context, id string, ids IDMap, lim Limits,
 		log: r.log.With("sandbox", id), limits: lim, rt: r,
 		sess: map[SessionKind]*session{}, children: map[string]cgroup.Cgroup{}, replay: map[SessionKind]string{},
 		prepared: map[*generation]*PreparedRoot{}, preps: map[*prepRun]bool{}, settling: map[chan struct{}]bool{}, leaving: map[int]bool{}, leavingCgs: map[cgroup.Cgroup]bool{}, ancestors: map[int]bool{}, quit: make(chan struct{}),
+		stepping: true, // its first call is a step towards its first checkpoint
 	}
 	if gen == nil {
 		if err := r.spawnInit(sb, ids); err != nil {
@@ -397,6 +445,9 @@ func (r *Runtime) Finish(ctx context.Context, sb *Sandbox, spec Spec) (err error
 	if err := layer.MountOverlay(spec.Layer, sb.lowers, sb.rootfs); err != nil {
 		return err
 	}
+	sb.mu.Lock()
+	sb.view = spec.Layer
+	sb.mu.Unlock()
 	tr.step("overlay")
 
 	// 5. The init sets the root up.

@@ -198,6 +198,7 @@ func (s *Sandbox) session(ctx context.Context, kind SessionKind) (*session, erro
 	case SessionPython:
 		argv = []string{"python3", "-u", "-q", "-c", pythonDriver}
 	}
+	defer s.changing()()
 	p, err := s.start(ctx, argv, s.env, s.defaultWorkdir(), "session-"+kind.String(), true)
 	if err != nil {
 		return nil, err

@@ -312,23 +312,27 @@ const seizeTimeout = 2 * time.Second
 // the sandbox is an idle session (single-threaded, childless, no socket, no
 // writable shared mapping, no call running), it stops them, freezes them in
 // place as the templates and moves the sandbox on into a new generation
-// nested under the old one, on the same root: each session is cloned from
-// its template. What the sessions see changes only in their pids.
+// nested under the old one: each session is cloned from its template.
+// What the sessions see changes only in their pids.
 //
-// capture commits the filesystem (the sandbox's writable layer stays the
-// live one): it must call captured at the instant the content is taken
-// (the clones start only then) and may go on with its bookkeeping
-// afterwards. It may be called a second time, whose commit replaces the
-// first (one taken before the stop, for clones made ahead, that a session
-// which ran meanwhile voided). It runs while the clones are made, so that the pause is the
-// longer of the two, not their sum.
+// capture commits the filesystem: with copied nil, a snapshot of the
+// sandbox's writable layer, which stays the live one; otherwise the switch
+// to copied, the copy made with clones ahead (see cloneAhead), which the
+// sandbox goes on in (layer.Preparer's CommitPrepared). It must call
+// captured at the instant the content is taken (the clones start only
+// then) and may go on with its bookkeeping afterwards. A snapshot may be
+// taken a second time, whose commit replaces the first (one taken before
+// the stop, for clones made ahead, that a session which ran meanwhile
+// voided); it runs while the clones are made, so that the pause is the
+// longer of the two, not their sum. The switch is taken once, when nothing
+// else can fail.
 //
 // It returns an *IneligibleError, having changed nothing, when the sandbox
 // does not qualify, and an error wrapping ErrTooDeep at the nesting limit.
 // name names the templates' cgroup. When capture fails before captured,
 // nothing changed; after it, the sandbox lives on in the new generation and
 // only the templates are gone. A commit capture made stays its own to undo.
-func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture func(ctx context.Context, captured func()) error) (_ *Templates, err error) {
+func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture func(ctx context.Context, copied *layer.Prepared, captured func()) error) (_ *Templates, err error) {
 	s.interruptPreps(false) // a restore made ready is for the previous head; the spare is ours
 	s.switchMu.Lock()
 	defer s.switchMu.Unlock()
@@ -368,31 +372,66 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		return nil, &IneligibleError{Reasons: reasons}
 	}
 
-	// 2. The next generation, before anything stops: its init is booted,
-	//    and normally set up on the root already (prepareNext).
-	next, nextRoot, err := s.takeNext(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
-	}
+	// 2. The next generation, before anything stops: that of the clones
+	//    made ahead (see cloneAhead), used only if the sessions did not run
+	//    since, else the spare, its init booted and normally set up on the
+	//    root already (prepareNext).
+	var next *generation
+	var nextRoot string
 	switched := false // the sandbox lives in next: nothing to undo
 	spent := false    // next's setup failed: it can serve nothing
+	ah := s.takeAhead()
 	defer func() {
 		switch {
-		case err == nil || switched:
+		case err == nil || switched: // once switched, the clones made ahead are the live sessions
+		case ah != nil:
+			s.discardAhead(ah) // and next, theirs
+		case next == nil:
 		case spent:
 			next.release()
 		default:
 			s.giveBack(next, nextRoot)
 		}
 	}()
-	// The clones, if they were made ahead in next (see cloneAhead): used
-	// only if the sessions did not run since.
-	ah := s.takeAhead(next, nextRoot)
-	defer func() {
-		if ah != nil && err != nil && !switched { // once switched, they are the live sessions
-			s.discardAhead(ah)
+	// stale drops the clones made ahead and takes the spare, or boots a
+	// generation, instead.
+	stale := func(why string) error {
+		s.log.Debug("checkpoint: the clones made ahead are stale", "why", why)
+		s.discardAhead(ah)
+		ah, next = nil, nil
+		g, root, err := s.takeNext(ctx)
+		if err != nil {
+			return fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 		}
-	}()
+		next, nextRoot = g, root
+		return nil
+	}
+	if ah == nil {
+		if next, nextRoot, err = s.takeNext(ctx); err != nil {
+			return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
+		}
+	} else {
+		next, nextRoot = ah.g, ah.root
+		s.mu.Lock()
+		writing := s.writing
+		s.mu.Unlock()
+		if writing > 0 {
+			// Files written from the host, or a command's end: they may
+			// have changed what the clones and the copy were made from.
+			if err := stale("the sandbox is being written to"); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// With a copy made ahead, the capture is the switch to it: nothing to
+	// capture in the pause but the commit's bookkeeping.
+	var copied *layer.Prepared
+	if ah != nil && ah.copy != nil {
+		copied = &ah.copy.p
+	}
+	captureTo := func(p *layer.Prepared) func(context.Context, func()) error {
+		return func(ctx context.Context, captured func()) error { return capture(ctx, p, captured) }
+	}
 
 	// The templates' cgroup, before anything stops.
 	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
@@ -430,9 +469,10 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		looked[pid] = t
 	}
 	if ah != nil && !ah.asleepAsCloned(looked) {
-		s.log.Debug("checkpoint: the clones made ahead are stale (a session ran)")
-		s.discardAhead(ah)
-		ah = nil
+		if err := stale("a session ran"); err != nil {
+			return nil, err
+		}
+		copied = nil
 	}
 	// 4. The filesystem at this instant: nothing of the sandbox runs. It is
 	//    taken while the sessions are verified and cloned; the clones start
@@ -448,8 +488,8 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 	}()
 	began := time.Now()
-	if ah != nil {
-		cr = startCapture(ctx, capture)
+	if ah != nil && copied == nil {
+		cr = startCapture(ctx, captureTo(nil))
 	}
 	order := make([]*session, 0, len(byPid))
 	for pid, ss := range byPid {
@@ -465,14 +505,18 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			// It ran meanwhile (a signal in these milliseconds): what the
 			// capture holds may be newer than the session. Taken again,
 			// now that it is stopped, and cloned on the spot.
-			s.log.Debug("checkpoint: the clones made ahead are stale", "why", why)
-			_ = cr.wait()
-			s.discardAhead(ah)
-			ah, cr = nil, nil
+			if cr != nil {
+				_ = cr.wait()
+				cr = nil
+			}
+			copied = nil
+			if err := stale(why); err != nil {
+				return nil, err
+			}
 		}
 	}
-	if cr == nil {
-		cr = startCapture(ctx, capture)
+	if cr == nil && copied == nil {
+		cr = startCapture(ctx, captureTo(nil))
 	}
 	// The look that counts, off the pause's path: the clones are made from
 	// the look before the stop meanwhile and start only if this one agrees.
@@ -501,7 +545,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	s.mu.Lock()
 	root := s.rootfs
 	s.mu.Unlock()
-	if nextRoot != root {
+	if ah == nil && nextRoot != root {
 		// No spare was ready: its setup joins the pause.
 		if err := s.rt.rootInit(ctx, s, next, root); err != nil {
 			spent = true
@@ -529,9 +573,15 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			t.fds, t.start = v.seen[t.pid].fds, v.seen[t.pid].start
 		}
 	}
-	if cerr == nil {
+	if cr == nil && cerr == nil {
+		// The switch to the copy, once nothing can undo the checkpoint:
+		// the layer store cannot take it back.
+		cr = startCapture(ctx, captureTo(copied))
+	}
+	switch {
+	case cerr == nil:
 		cerr = cr.instant()
-	} else {
+	case cr != nil:
 		_ = cr.wait() // the capture ran all the same: the caller undoes it
 	}
 	if cerr != nil {
@@ -542,7 +592,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 		if ah != nil {
 			s.discardAhead(ah)
-			ah, fresh = nil, nil
+			ah, fresh, next = nil, nil, nil // next was theirs
 		}
 		for _, p := range stopped {
 			if rerr := resetPidNS(p); rerr != nil {
@@ -572,6 +622,11 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 
 	s.mu.Lock()
 	s.g = next
+	oldRoot := ""
+	if copied != nil { // the sandbox goes on in the copy
+		oldRoot = s.rootfs
+		s.rootfs, s.view = ah.copy.root, copied.View
+	}
 	var oldShell *session
 	for _, ss := range sessions {
 		delete(s.sess, ss.kind)
@@ -598,8 +653,11 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	for _, ss := range sessions {
 		ss.closePipes()
 	}
+	if oldRoot != "" {
+		s.detachRoot(oldRoot) // the templates' now: their generation holds it
+	}
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
-		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause), "ahead", ah != nil)
+		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause), "ahead", ah != nil, "switched", copied != nil)
 	// The templates' home (made before the pause); then, off the pause,
 	// the next checkpoint's generation, and the templates' generations
 	// outlive the daemon.
@@ -847,6 +905,7 @@ func (s *Sandbox) initPids() map[int]bool {
 		out[s.spare.hostPid] = true
 	}
 	if s.ahead != nil {
+		out[s.ahead.g.hostPid] = true
 		for _, pid := range s.ahead.pids {
 			out[pid] = true
 		}
@@ -897,7 +956,8 @@ func (s *Sandbox) prepareNext() {
 		s.mu.Unlock()
 		return
 	}
-	if s.destroyed || (s.spareReady() && !(s.aheadWanted && s.ahead == nil)) {
+	// None while clones made ahead hold the next checkpoint's generation.
+	if s.destroyed || s.ahead != nil || (s.spareReady() && !s.aheadWanted) {
 		s.mu.Unlock()
 		return
 	}
@@ -1529,15 +1589,13 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	tr.step("root")
 	s.mu.Lock()
 	oldG, oldRoot, sessions, children := s.g, s.rootfs, s.sess, s.children
-	s.g, s.rootfs = next, target
+	s.g, s.rootfs, s.view = next, target, view
 	s.sess, s.children = map[SessionKind]*session{}, map[string]cgroup.Cgroup{}
 	s.replay = map[SessionKind]string{}
 	spare, ah := s.spare, s.ahead // ah: made for the sessions this replaces
 	s.spare, s.spareRoot, s.ahead = nil, "", nil
 	if ah != nil {
-		for _, cg := range ah.cgs { // no workload until they are gone
-			s.leavingCgs[cg] = true
-		}
+		s.leavingAhead(ah) // no workload until they are gone
 	}
 	s.mu.Unlock()
 	tr.step("switch")

@@ -216,13 +216,20 @@ func (m *Manager) ack(ck *ckRecord, r *record) error {
 // not eligible.
 func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, r *record, ck *ckRecord) (bool, string, error) {
 	var committed layer.Info
-	ts, err := sb.CheckpointTemplates(ctx, "tpl-"+ck.ID, func(ctx context.Context, captured func()) error {
+	switched := false // the sandbox went on in a copy of its layer
+	ts, err := sb.CheckpointTemplates(ctx, "tpl-"+ck.ID, func(ctx context.Context, copied *layer.Prepared, captured func()) error {
 		if committed.ID != "" { // taken again: the first is void
 			_ = m.layers.Remove(context.Background(), committed.ID)
 			committed = layer.Info{}
 		}
+		labels := map[string]string{"checkpoint": ck.ID}
 		var err error
-		committed, err = m.commitLive(ctx, r.Layer, map[string]string{"checkpoint": ck.ID}, captured)
+		if copied == nil {
+			committed, err = m.commitLive(ctx, r.Layer, labels, captured)
+			return err
+		}
+		committed, err = m.layers.(layer.Preparer).CommitPrepared(ctx, *copied, layer.WithLabels(labels), layer.WithCaptured(captured))
+		switched = err == nil
 		return err
 	})
 	if err != nil {
@@ -238,8 +245,13 @@ func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, 
 	ck.Layer, ck.Templates, ck.PauseMs = committed.ID, true, ms(ts.Pause)
 	rec := ts.Record()
 	// The templates' mounts are the sandbox's writable layer's: it stays
-	// while they live, even once the sandbox moved on to another.
-	ck.Tpl, ck.Retired = &rec, r.Layer
+	// while they live, even once the sandbox moved on to another. When the
+	// sandbox went on in a copy, that layer's content is the committed
+	// layer's, which the checkpoint keeps.
+	ck.Tpl = &rec
+	if !switched {
+		ck.Retired = r.Layer
+	}
 	ck.Processes = templateProcesses(ts)
 	ck.Created = time.Now().UTC()
 	r.Head = ck.ID
@@ -248,7 +260,7 @@ func (m *Manager) checkpointTemplates(ctx context.Context, sb *sandbox.Sandbox, 
 		_ = m.layers.Remove(context.Background(), committed.ID)
 		return false, "", fmt.Errorf("store: %w", err)
 	}
-	m.keepTemplates(ck.ID, ts, r.Layer)
+	m.keepTemplates(ck.ID, ts, ck.Retired)
 	m.makeSpare(r.ID, ck.ID, ck.Layer)
 	return true, "", nil
 }

@@ -70,10 +70,17 @@ func (r *record) ids() sandbox.IDMap {
 }
 
 // openFiles opens the sandbox's root for file operations from the host, with
-// the sandbox's ids.
-func (r *record) openFiles(sb *sandbox.Sandbox) (*safefs.Root, error) {
+// the sandbox's ids; write says they may change it (see
+// sandbox.Sandbox.OpenRoot). done ends them.
+func (r *record) openFiles(sb *sandbox.Sandbox, write bool) (_ *safefs.Root, done func(), err error) {
 	ids := r.ids()
-	return safefs.Open(sb.Rootfs(), safefs.IDMap{HostBase: ids.HostBase, Size: ids.Size})
+	rootfs, end := sb.OpenRoot(write)
+	root, err := safefs.Open(rootfs, safefs.IDMap{HostBase: ids.HostBase, Size: ids.Size})
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	return root, func() { root.Close(); end() }, nil
 }
 
 // Manager implements daemon.Backend. It is safe for concurrent use.
@@ -473,14 +480,17 @@ func (m *Manager) startWith(ctx context.Context, r *record, prepared *sandbox.Sa
 		}
 	}()
 	// The workdir may be missing in an imported image.
-	root, err := r.openFiles(sb)
+	root, done, err := r.openFiles(sb, true)
 	if err != nil {
 		return nil, err
 	}
 	err = root.Mkdir(ctx, r.Config.Workdir, 0o755, true)
-	root.Close()
+	done()
 	if err != nil && !errdefs.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create workdir %q: %w", r.Config.Workdir, err)
+	}
+	if _, ok := m.layers.(layer.Preparer); ok {
+		sb.SetLayerCopier(layerCopier{m: m, id: r.ID})
 	}
 	r.State = sandbox.StateRunning
 	if err := m.put(r); err != nil {
@@ -651,7 +661,7 @@ func (m *Manager) Session(ctx context.Context, id string, req sandbox.SessionReq
 	return sb.Session(ctx, req)
 }
 
-func (m *Manager) Files(ctx context.Context, id string) (*safefs.Root, func(), error) {
+func (m *Manager) Files(ctx context.Context, id string, write bool) (*safefs.Root, func(), error) {
 	sb, release, err := m.acquire(id)
 	if err != nil {
 		return nil, nil, err
@@ -661,12 +671,12 @@ func (m *Manager) Files(ctx context.Context, id string) (*safefs.Root, func(), e
 		release()
 		return nil, nil, err
 	}
-	root, err := r.openFiles(sb)
+	root, done, err := r.openFiles(sb, write)
 	if err != nil {
 		release()
 		return nil, nil, err
 	}
-	return root, func() { root.Close(); release() }, nil
+	return root, func() { done(); release() }, nil
 }
 
 func (m *Manager) ImportImage(ctx context.Context, name string, r io.Reader) (image.Info, error) {

@@ -217,7 +217,7 @@ func TestExecStreamsAndExitCodes(t *testing.T) {
 	// Output arrives while the command still runs: the command waits for a
 	// file that the test creates only once it has seen the first line.
 	w := &gateWriter{open: func() {
-		files, release, err := m.Files(context.Background(), id)
+		files, release, err := m.Files(context.Background(), id, true)
 		if err != nil {
 			t.Error(err)
 			return
@@ -348,7 +348,7 @@ func TestFilesRoundTrip(t *testing.T) {
 	}
 	tw.Close()
 
-	root, release, err := m.Files(ctx, id)
+	root, release, err := m.Files(ctx, id, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +517,7 @@ func TestFullDiskIsResourceExhausted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.DeleteSandbox(ctx, in.ID, true)
-	files, release, err := m.Files(ctx, in.ID)
+	files, release, err := m.Files(ctx, in.ID, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@ import (
 	"sort"
 	"time"
 
+	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/daemon"
+	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/sandbox"
 )
 
@@ -262,4 +264,32 @@ func templateProcesses(ts *sandbox.Templates) []daemon.ProcessState {
 		out = append(out, daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate})
 	}
 	return out
+}
+
+// layerCopier copies a live sandbox's writable layer ahead of its next
+// checkpoint (sandbox.LayerCopier), for stores that are layer.Preparers.
+type layerCopier struct {
+	m  *Manager
+	id string
+}
+
+// CopyLayer copies the sandbox's active layer, if live is its view (a
+// restore may have replaced it meanwhile).
+func (c layerCopier) CopyLayer(ctx context.Context, live layer.View) (layer.Prepared, error) {
+	r, err := c.m.get(c.id)
+	if err != nil {
+		return layer.Prepared{}, err
+	}
+	v, err := c.m.layers.Mounts(ctx, r.Layer)
+	if err != nil {
+		return layer.Prepared{}, err
+	}
+	if v.Upper != live.Upper {
+		return layer.Prepared{}, fmt.Errorf("copy the layer of sandbox %q: it runs on another layer than %q: %w", c.id, r.Layer, errdefs.ErrFailedPrecondition)
+	}
+	return c.m.layers.(layer.Preparer).PrepareCommit(ctx, r.Layer)
+}
+
+func (c layerCopier) DiscardCopy(ctx context.Context, p layer.Prepared) error {
+	return c.m.layers.(layer.Preparer).DiscardPrepared(ctx, p)
 }

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deltabox/deltabox/errdefs"
 	"github.com/deltabox/deltabox/internal/daemon"
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/layer/btrfs"
@@ -591,9 +592,10 @@ func TestGenerationsBootFromTheInitBinary(t *testing.T) {
 }
 
 // stoppedSessions waits for a stopped process in the session cgroups of
-// sandbox id on a root other than the live one (rollback: clones a
-// restore made ahead on a branch of its checkpoint) or on the live one
-// (onLive: the next checkpoint's clones made ahead), and returns them.
+// sandbox id that is a sibling of the live generation (rollback: clones a
+// restore made ahead, on a branch of its checkpoint) or nested in it
+// (onLive: the next checkpoint's clones made ahead, in the spare
+// generation), and returns them.
 func stoppedSessions(t *testing.T, m *statemgr.Manager, id string, onLive bool) []int {
 	t.Helper()
 	info, err := m.GetSandbox(context.Background(), id)
@@ -602,14 +604,14 @@ func stoppedSessions(t *testing.T, m *statemgr.Manager, id string, onLive bool) 
 	}
 	var stopped []int
 	for deadline := time.Now().Add(30 * time.Second); len(stopped) == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		stopped = scanStopped(upperOf(info.InitPid), id, onLive)
+		stopped = scanStopped(pidDepth(info.InitPid), id, onLive)
 	}
 	return stopped
 }
 
-// scanStopped is one look of stoppedSessions; live is the upper directory
-// of the sandbox's root.
-func scanStopped(live, id string, onLive bool) []int {
+// scanStopped is one look of stoppedSessions; live is the depth of the
+// live generation's pid namespace.
+func scanStopped(live int, id string, onLive bool) []int {
 	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/freezer", testutil.CgroupParent(), id, "session-*"))
 	if len(dirs) == 0 {
 		dirs, _ = filepath.Glob(filepath.Join("/sys/fs/cgroup", testutil.CgroupParent(), id, "session-*"))
@@ -618,12 +620,27 @@ func scanStopped(live, id string, onLive bool) []int {
 	for _, d := range dirs {
 		pids, _ := testutil.CgroupProcs(id + "/" + filepath.Base(d))
 		for _, p := range pids {
-			if testutil.ProcState(p) == "T" && (upperOf(p) == live) == onLive {
+			if testutil.ProcState(p) == "T" && (pidDepth(p) > live) == onLive {
 				stopped = append(stopped, p)
 			}
 		}
 	}
 	return stopped
+}
+
+// pidDepth is the depth of process pid's pid namespace (the host's is 1),
+// or 0 when it is gone.
+func pidDepth(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			return len(strings.Fields(v))
+		}
+	}
+	return 0
 }
 
 // cloneMadeAhead waits for the one clone a restore of sandbox id to its
@@ -996,8 +1013,14 @@ func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 	// after the step.
 	ck2 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck2.Processes, "python")
-	ahead := stepAhead(t, m, id, sandbox.SessionPython, `x.append(4)`)
+	ahead := stepAhead(t, m, id, sandbox.SessionPython, `x.append(4); open('/work/step', 'w').write('4')`)
 	before := sessionPids(t, id, sandbox.SessionPython)
+	// Made on a copy of the live layer (the default store can), which the
+	// checkpoint switches to instead of snapshotting the layer.
+	live := upperOf(before[0])
+	if up := upperOf(ahead); up == "" || up == live {
+		t.Errorf("the clone made ahead is on %q, want a copy of the live layer %q", up, live)
+	}
 	ck3 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck3.Processes, "python")
 	if live := sessionPids(t, id, sandbox.SessionPython); len(live) != 1 || live[0] != ahead {
@@ -1006,17 +1029,93 @@ func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 	if st := testutil.ProcState(before[0]); st != "T" {
 		t.Errorf("the session the clone was made from is %q after the checkpoint, want a stopped template", st)
 	}
-	if r := session(t, m, id, sandbox.SessionPython, `print(x, next(gen))`); r.stdout != "[1, 2, 3, 4] 2\n" {
+	if up := upperOf(before[0]); up != live {
+		t.Errorf("the template's root is on %q after the checkpoint, want %q as before", up, live)
+	}
+	const show = `import os; print(x, next(gen), open('/work/step').read() if os.path.exists('/work/step') else '-')`
+	if r := session(t, m, id, sandbox.SessionPython, show); r.stdout != "[1, 2, 3, 4] 2 4\n" {
 		t.Fatalf("live session after the checkpoint: %q %q", r.stdout, r.stderr)
+	}
+	// The sandbox writes on in the copy, files from the host included; the
+	// checkpoint keeps what it had.
+	session(t, m, id, sandbox.SessionPython, `open('/work/step', 'w').write('5')`)
+	if got := readFile(t, m, id, "/work/step"); got != "5" {
+		t.Errorf("the file from the host after the checkpoint: %q, want the sandbox's write", got)
 	}
 	for _, c := range []struct {
 		ck   string
 		want string
-	}{{ck3.ID, "[1, 2, 3, 4] 2\n"}, {ck2.ID, "[1, 2, 3] 2\n"}, {ck3.ID, "[1, 2, 3, 4] 2\n"}} {
+	}{{ck3.ID, "[1, 2, 3, 4] 2 4\n"}, {ck2.ID, "[1, 2, 3] 2 -\n"}, {ck3.ID, "[1, 2, 3, 4] 2 4\n"}} {
 		wantTemplates(t, "restore", restore(t, m, id, c.ck).Processes, "python")
-		if r := session(t, m, id, sandbox.SessionPython, `print(x, next(gen))`); r.stdout != c.want {
+		if r := session(t, m, id, sandbox.SessionPython, show); r.stdout != c.want {
 			t.Fatalf("after the restore to %s: %q %q, want %q", c.ck, r.stdout, r.stderr, c.want)
 		}
+	}
+}
+
+// readFile reads a file of sandbox id from the host.
+func readFile(t *testing.T, m *statemgr.Manager, id, path string) string {
+	t.Helper()
+	files, release, err := m.Files(context.Background(), id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	var b strings.Builder
+	if _, err := files.ReadFile(context.Background(), path, &b, 0); err != nil && !errdefs.IsNotFound(err) {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	return b.String()
+}
+
+// writeFile writes a file of sandbox id from the host.
+func writeFile(t *testing.T, m *statemgr.Manager, id, path, content string) {
+	t.Helper()
+	files, release, err := m.Files(context.Background(), id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if err := files.WriteFile(context.Background(), path, strings.NewReader(content), 0o644, 0); err != nil {
+		t.Fatalf("write %s: %v", path, err)
+	}
+}
+
+// TestChangesVoidClonesMadeAhead changes a sandbox between the clones made
+// ahead of its next checkpoint (with a copy of its layer) and the
+// checkpoint, without a session call: a file written from the host, a
+// command. Each voids them (they and the copy are older than the change)
+// and has them made again; the checkpoint holds the change.
+func TestChangesVoidClonesMadeAhead(t *testing.T) {
+	m := newManager(t)
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionShell, `N=1`)
+	checkpoint(t, m, id, "")
+	first := stepAhead(t, m, id, sandbox.SessionShell, `N=2`)
+	for i, change := range []func(){
+		func() { writeFile(t, m, id, "/work/host", "h") },
+		func() { sh(t, m, id, "echo e > /work/cmd") },
+	} {
+		change()
+		waitFor(t, "the void clone to go", func() bool { st := testutil.ProcState(first); return st == "" || st == "Z" })
+		again := stoppedSessions(t, m, id, true)
+		if len(again) != 1 || again[0] == first {
+			t.Fatalf("change %d: clones made ahead again: %v, want one other than %d", i, again, first)
+		}
+		first = again[0]
+	}
+	ck := checkpoint(t, m, id, "")
+	wantTemplates(t, "checkpoint", ck.Processes, "shell")
+	if live := sessionPids(t, id, sandbox.SessionShell); len(live) != 1 || live[0] != first {
+		t.Errorf("shell session after the checkpoint: %v, want the clone made ahead last, %d", live, first)
+	}
+	writeFile(t, m, id, "/work/host", "after")
+	restore(t, m, id, ck.ID)
+	if r := sh(t, m, id, "cat /work/host /work/cmd"); r.stdout != "he\n" {
+		t.Errorf("files after the restore: %q %q, want the changes made before the checkpoint", r.stdout, r.stderr)
+	}
+	if r := session(t, m, id, sandbox.SessionShell, `echo $N`); r.stdout != "2\n" {
+		t.Errorf("shell after the restore: %q %q", r.stdout, r.stderr)
 	}
 }
 
@@ -1067,7 +1166,7 @@ func TestCheckpointDropsClonesMadeAheadOfASessionThatRan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := scanStopped(upperOf(info.InitPid), id, true); len(p) > 0 {
+	if p := scanStopped(pidDepth(info.InitPid), id, true); len(p) > 0 {
 		t.Errorf("a python session with a SIGALRM handler was cloned ahead (%v)", p)
 	}
 }

@@ -298,7 +298,7 @@ func (f *Fake) Session(ctx context.Context, id string, req sandbox.SessionReques
 	return res, nil
 }
 
-func (f *Fake) Files(ctx context.Context, id string) (*safefs.Root, func(), error) {
+func (f *Fake) Files(ctx context.Context, id string, write bool) (*safefs.Root, func(), error) {
 	if err := f.fail(); err != nil {
 		return nil, nil, err
 	}

@@ -38,6 +38,7 @@ type store struct{ *core.Store }
 var (
 	_ layer.Store         = (*store)(nil)
 	_ layer.LiveCommitter = (*store)(nil)
+	_ layer.Preparer      = (*store)(nil)
 )
 
 // New opens the btrfs layer store in root.
@@ -84,6 +85,20 @@ func New(root string, opts ...Opt) (layer.Store, error) {
 // CommitLive differs in leaving the active layer's parent as it is.
 func (s *store) CommitLive(ctx context.Context, active string, opts ...layer.Opt) (layer.Info, error) {
 	return s.Store.LiveCommit(ctx, active, opts...)
+}
+
+// PrepareCommit, CommitPrepared and DiscardPrepared implement
+// layer.Preparer: the copy is a writable snapshot, the commit a switch.
+func (s *store) PrepareCommit(ctx context.Context, active string) (layer.Prepared, error) {
+	return s.Store.PrepareFlat(ctx, active)
+}
+
+func (s *store) CommitPrepared(ctx context.Context, p layer.Prepared, opts ...layer.Opt) (layer.Info, error) {
+	return s.Store.CommitFlat(ctx, p, opts...)
+}
+
+func (s *store) DiscardPrepared(ctx context.Context, p layer.Prepared) error {
+	return s.Store.DiscardFlat(ctx, p)
 }
 
 func makeLayer(dir string) error {

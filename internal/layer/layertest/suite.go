@@ -59,6 +59,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"RemoveRules", testRemoveRules},
 		{"InfoWalkUsage", testInfoWalkUsage},
 		{"CommitLive", testCommitLive},
+		{"CommitPrepared", testCommitPrepared},
 		{"Model", func(t *testing.T, s layer.Store, root string) {
 			RunModel(t, s, root, ModelSeed(t), modelSteps(t, 3000))
 		}},
@@ -743,5 +744,85 @@ func testCommitLive(t *testing.T, s layer.Store, root string) {
 	wantContent(t, m+"/f", "after")
 	if _, err := os.Lstat(cm + "/in-hook"); err == nil {
 		t.Errorf("a write made in the capture hook reached the committed layer")
+	}
+}
+
+func testCommitPrepared(t *testing.T, s layer.Store, root string) {
+	pr, ok := s.(layer.Preparer)
+	if !ok {
+		t.Skip("store has no prepared commit")
+	}
+	ctx := context.Background()
+	a := branch(t, s, "")
+	m := Mount(t, s, a.ID)
+	write(t, m+"/f", "before")
+	write(t, m+"/gone", "x")
+	p, err := pr.PrepareCommit(ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := t.TempDir()
+	if err := layer.MountOverlay(p.View, nil, pm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unmount(t, pm) })
+	wantContent(t, pm+"/f", "before")
+	calls := 0
+	c, err := pr.CommitPrepared(ctx, p, layer.WithLabels(map[string]string{"k": "v"}), layer.WithCaptured(func() { calls++ }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 {
+		t.Errorf("WithCaptured hook called %d times, want 1", calls)
+	}
+	if c.Kind != layer.KindCommitted || c.Parent != "" || c.Labels["k"] != "v" {
+		t.Errorf("CommitPrepared = %+v: want a committed layer on the image, labelled", c)
+	}
+	if in, err := s.Stat(ctx, a.ID); err != nil || in.Kind != layer.KindActive || in.Parent != c.ID {
+		t.Errorf("Stat(active) = %+v, %v: want active, child of %q", in, err, c.ID)
+	}
+	if v, err := s.Mounts(ctx, a.ID); err != nil || v.Upper != p.View.Upper {
+		t.Errorf("Mounts(active) = %+v, %v: want the copy's view %+v", v, err, p.View)
+	}
+	// The writers go on in the copy; the committed layer keeps the
+	// content of the instant.
+	write(t, pm+"/f", "after")
+	write(t, pm+"/new", "n")
+	if err := os.Remove(pm + "/gone"); err != nil {
+		t.Fatal(err)
+	}
+	cm := Mount(t, s, c.ID)
+	wantContent(t, cm+"/f", "before")
+	wantContent(t, cm+"/gone", "x")
+	wantContent(t, cm+"/new", "")
+	wantDiff(t, s, c.ID, a.ID, []layer.Change{{Path: "/f", Kind: layer.ChangeModify}, {Path: "/gone", Kind: layer.ChangeDelete}, {Path: "/new", Kind: layer.ChangeAdd}})
+	// A copy serves one commit.
+	if _, err := pr.CommitPrepared(ctx, p); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("CommitPrepared twice: %v, want ErrFailedPrecondition", err)
+	}
+	if err := pr.DiscardPrepared(ctx, p); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("DiscardPrepared of a committed copy: %v, want ErrFailedPrecondition", err)
+	}
+	// One never committed is discarded, and then gone.
+	p2, err := pr.PrepareCommit(ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pr.DiscardPrepared(ctx, p2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p2.View.Upper); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("discarded copy still there: %v", err)
+	}
+	if _, err := pr.CommitPrepared(ctx, p2); !errdefs.IsNotFound(err) {
+		t.Errorf("CommitPrepared of a discarded copy: %v, want ErrNotFound", err)
+	}
+	for _, bad := range []layer.Prepared{{Active: a.ID, Dir: "../x"}, {Active: a.ID, Dir: a.ID}, {Active: "", Dir: p2.Dir}} {
+		if _, err := pr.CommitPrepared(ctx, bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("CommitPrepared(%+v): %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	if _, err := pr.PrepareCommit(ctx, c.ID); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("PrepareCommit of a committed layer: %v, want ErrFailedPrecondition", err)
 	}
 }

@@ -45,6 +45,9 @@ func NewManager(t testing.TB, opts ...func(*statemgr.Options)) *statemgr.Manager
 		Root: t.TempDir(), CgroupParent: testutil.CgroupParent(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	if os.Getenv("DELTABOX_TEST_LOG") == "1" { // the manager's debug log, to debug a test
+		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	for _, f := range opts {
 		f(&o)
 	}

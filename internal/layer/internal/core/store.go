@@ -386,6 +386,97 @@ func (s *Store) LiveCommit(ctx context.Context, active string, opts ...layer.Opt
 	return c.info(), nil
 }
 
+// preparedPrefix names the directories of prepared copies: no record names
+// one until it is committed, so the next Open removes those left behind.
+const preparedPrefix = "prep-"
+
+// PrepareFlat is layer.Preparer's PrepareCommit for flat backends: a
+// writable snapshot of the active layer.
+func (s *Store) PrepareFlat(ctx context.Context, active string) (layer.Prepared, error) {
+	if !s.b.Flat {
+		return layer.Prepared{}, fmt.Errorf("prepare a commit of layer %q: the store's layers are not flat: %w", active, errdefs.ErrFailedPrecondition)
+	}
+	if err := checkID("prepare a commit of", active); err != nil {
+		return layer.Prepared{}, err
+	}
+	l := s.lockOf(active)
+	l.Lock()
+	defer l.Unlock()
+	a, err := s.get("prepare a commit of", active, layer.KindActive)
+	if err != nil {
+		return layer.Prepared{}, err
+	}
+	dir := preparedPrefix + newID()
+	if err := s.b.Snapshot(s.dir(a.Dir), s.dir(dir), false); err != nil {
+		_ = s.b.Destroy(s.dir(dir))
+		return layer.Prepared{}, fmt.Errorf("prepare a commit of layer %q: %w", active, err)
+	}
+	return layer.Prepared{Active: active, Dir: dir, View: layer.View{Upper: s.dir(dir) + "/upper", Work: s.dir(dir) + "/work"}}, nil
+}
+
+// CommitFlat is layer.Preparer's CommitPrepared: the active layer's directory
+// becomes the committed layer's, the copy the active layer's. One fsynced
+// record write, after the WithCaptured hook.
+func (s *Store) CommitFlat(ctx context.Context, p layer.Prepared, opts ...layer.Opt) (layer.Info, error) {
+	cfg, err := layer.ApplyOpts(opts...)
+	if err != nil {
+		return layer.Info{}, err
+	}
+	if err := s.checkPrepared("commit", p); err != nil {
+		return layer.Info{}, err
+	}
+	l := s.lockOf(p.Active)
+	l.Lock()
+	defer l.Unlock()
+	a, err := s.get("commit", p.Active, layer.KindActive)
+	if err != nil {
+		return layer.Info{}, err
+	}
+	c := &record{ID: newID(), Kind: layer.KindCommitted, Parent: a.Parent, Created: time.Now().UTC(), Labels: cfg.Labels, Dir: a.Dir, Flat: true}
+	a.Dir, a.Parent = p.Dir, c.ID
+	if cfg.Captured != nil {
+		cfg.Captured()
+	}
+	// Should this fail, the writers are on the copy already, which the
+	// store does not know of: the next Open would remove it. Nothing can
+	// be undone here; the error says so.
+	if err := s.save([]*record{c, &a}, nil); err != nil {
+		return layer.Info{}, fmt.Errorf("commit layer %q: its writers went on in a copy the store could not record: %w (%w)", p.Active, err, errdefs.ErrInternal)
+	}
+	return c.info(), nil
+}
+
+// DiscardFlat is layer.Preparer's DiscardPrepared.
+func (s *Store) DiscardFlat(ctx context.Context, p layer.Prepared) error {
+	if err := s.checkPrepared("discard", p); err != nil {
+		return err
+	}
+	if err := s.b.Destroy(s.dir(p.Dir)); err != nil {
+		return fmt.Errorf("discard a prepared commit of layer %q: %w", p.Active, err)
+	}
+	return nil
+}
+
+// checkPrepared checks that p names a copy no layer records.
+func (s *Store) checkPrepared(op string, p layer.Prepared) error {
+	if err := checkID(op+" a prepared commit of", p.Active); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(p.Dir, preparedPrefix) || checkID(op, p.Dir) != nil {
+		return fmt.Errorf("%s a prepared commit of layer %q: %q is no prepared copy: %w", op, p.Active, p.Dir, errdefs.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	used := s.usedDirs()[p.Dir]
+	s.mu.Unlock()
+	if used {
+		return fmt.Errorf("%s a prepared commit of layer %q: %q was committed already: %w", op, p.Active, p.Dir, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := os.Stat(s.dir(p.Dir)); err != nil {
+		return fmt.Errorf("%s a prepared commit of layer %q: %w", op, p.Active, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
 // chain returns the lowers (top first) of committed layer id's content.
 func (s *Store) chain(id string) ([]string, error) {
 	s.mu.Lock()
