@@ -29,15 +29,16 @@ type backend struct {
 	gate  func(t testing.TB)
 	open  func(root string) (layer.Store, error)
 	crash int // rounds of the crash test
+	has   layertest.Features
 }
 
 var backends = []backend{
 	{"overlay", func(t testing.TB) { testutil.RequiresFilesystem(t, "overlay") }, func(root string) (layer.Store, error) {
 		return overlay.New(root, overlay.WithMaxDepth(16))
-	}, 4},
+	}, 4, layertest.Features{}},
 	{"btrfs", func(t testing.TB) { testutil.RequiresBtrfs(t); testutil.RequiresFilesystem(t, "overlay") }, func(root string) (layer.Store, error) {
 		return btrfs.New(root, btrfs.WithImageSize(4<<30))
-	}, 3},
+	}, 3, layertest.Features{LiveCommit: true, Prepare: true}},
 	{"overlay-on-btrfs", func(t testing.TB) { testutil.RequiresBtrfs(t); testutil.RequiresFilesystem(t, "overlay") }, func(root string) (layer.Store, error) {
 		// Layers as subvolumes: CommitLive works.
 		img, err := btrfsutil.OpenImage(filepath.Join(root, "fs.img"), filepath.Join(root, "fs"), 4<<30)
@@ -55,10 +56,10 @@ var backends = []backend{
 			return nil, errors.New("overlay store on btrfs is not a layer.LiveCommitter")
 		}
 		return onImage{s, img}, nil
-	}, 2},
+	}, 2, layertest.Features{LiveCommit: true}},
 	{"copy", func(t testing.TB) { testutil.RequiresFilesystem(t, "overlay") }, func(root string) (layer.Store, error) {
 		return copy.New(root)
-	}, 3},
+	}, 3, layertest.Features{}},
 }
 
 // onImage is a store on a btrfs image the test mounted.
@@ -91,7 +92,7 @@ func TestConformance(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			b.gate(t)
-			layertest.Run(t, b.newStore)
+			layertest.Run(t, b.newStore, b.has)
 		})
 	}
 }

@@ -7,7 +7,7 @@
 //
 //	func TestConformance(t *testing.T) {
 //		testutil.CheckLeaks(t)
-//		layertest.Run(t, func(t *testing.T, root string) layer.Store { ... })
+//		layertest.Run(t, func(t *testing.T, root string) layer.Store { ... }, layertest.Features{...})
 //	}
 //
 // Every check gets a fresh root, runs in parallel with the others, dumps its
@@ -44,8 +44,34 @@ type Checker interface {
 	Check(ctx context.Context) error
 }
 
-// Run runs every check of the suite against the backend newStore opens.
-func Run(t *testing.T, newStore NewStore) {
+// Features are the optional interfaces a backend implements: the suite
+// checks those it has, and that it has no others (a store that lost one
+// must fail, not skip).
+type Features struct {
+	LiveCommit bool // layer.LiveCommitter
+	Prepare    bool // layer.Preparer
+}
+
+// Run runs every check of the suite against the backend newStore opens,
+// which has the optional interfaces has.
+func Run(t *testing.T, newStore NewStore, has Features) {
+	optional := func(name string, want bool, fn func(*testing.T, layer.Store, string)) func(*testing.T, layer.Store, string) {
+		return func(t *testing.T, s layer.Store, root string) {
+			var got bool
+			switch name {
+			case "LiveCommitter":
+				_, got = s.(layer.LiveCommitter)
+			case "Preparer":
+				_, got = s.(layer.Preparer)
+			}
+			if got != want {
+				t.Fatalf("store is a layer.%s: %v, want %v", name, got, want)
+			}
+			if got {
+				fn(t, s, root)
+			}
+		}
+	}
 	checks := []struct {
 		name string
 		fn   func(t *testing.T, s layer.Store, root string)
@@ -58,8 +84,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"RenameDelete", testRenameDelete},
 		{"RemoveRules", testRemoveRules},
 		{"InfoWalkUsage", testInfoWalkUsage},
-		{"CommitLive", testCommitLive},
-		{"CommitPrepared", testCommitPrepared},
+		{"CommitLive", optional("LiveCommitter", has.LiveCommit, testCommitLive)},
+		{"CommitPrepared", optional("Preparer", has.Prepare, testCommitPrepared)},
 		{"Model", func(t *testing.T, s layer.Store, root string) {
 			RunModel(t, s, root, ModelSeed(t), modelSteps(t, 3000))
 		}},
@@ -705,10 +731,7 @@ func testInfoWalkUsage(t *testing.T, s layer.Store, root string) {
 }
 
 func testCommitLive(t *testing.T, s layer.Store, root string) {
-	lc, ok := s.(layer.LiveCommitter)
-	if !ok {
-		t.Skip("store has no CommitLive")
-	}
+	lc := s.(layer.LiveCommitter)
 	a := branch(t, s, "")
 	m := Mount(t, s, a.ID)
 	write(t, m+"/f", "before")
@@ -748,10 +771,7 @@ func testCommitLive(t *testing.T, s layer.Store, root string) {
 }
 
 func testCommitPrepared(t *testing.T, s layer.Store, root string) {
-	pr, ok := s.(layer.Preparer)
-	if !ok {
-		t.Skip("store has no prepared commit")
-	}
+	pr := s.(layer.Preparer)
 	ctx := context.Background()
 	a := branch(t, s, "")
 	m := Mount(t, s, a.ID)
