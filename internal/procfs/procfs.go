@@ -50,6 +50,16 @@ func StartTime(pid int) string {
 	return f[19]
 }
 
+// Parent is the process's parent pid, 0 when it is gone.
+func Parent(pid int) int {
+	f, err := stat(pid)
+	if err != nil || len(f) < 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(f[1])
+	return p
+}
+
 // NSpids returns the process's pids from the host's pid namespace (first)
 // down to its own.
 func NSpids(pid int) ([]int, error) {

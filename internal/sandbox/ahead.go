@@ -89,6 +89,24 @@ func readRunState(pid int) (runState, error) {
 	return st, nil
 }
 
+// pending reports whether a signal is pending for process pid (or that
+// cannot be read).
+func pending(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		if k == "SigPnd" || k == "ShdPnd" {
+			if n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil || n != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // aheadTimed are the caught signals that could come to an idle python
 // session by themselves: one that catches them is not cloned ahead.
 const aheadTimed = 1<<(unix.SIGALRM-1) | 1<<(unix.SIGIO-1)
@@ -139,6 +157,7 @@ type aheadClones struct {
 	sessions map[SessionKind]*session // the clones', as CheckpointTemplates would make them
 	cgs      map[string]cgroup.Cgroup // their session cgroups, by name
 	pids     []int                    // their host pids
+	starts   []string                 // and start times (see killAhead)
 	from     map[int]aheadFrom        // by the host pid of the session each was made from
 }
 
@@ -354,9 +373,13 @@ func (s *Sandbox) discardAhead(ah *aheadClones) {
 	})
 }
 
-// killAhead kills clones made ahead.
+// killAhead kills clones made ahead, each only while its pid still names
+// it (one that died by itself may have left its pid to another process).
 func (s *Sandbox) killAhead(ah *aheadClones) {
-	for _, pid := range ah.pids {
+	for i, pid := range ah.pids {
+		if i < len(ah.starts) && procfs.StartTime(pid) != ah.starts[i] {
+			continue
+		}
 		// Dying takes CPU (their page tables): at the lowest priority, not
 		// against the sessions'.
 		_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
@@ -447,6 +470,32 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		}
 		defer ss.mu.Unlock()
 	}
+	// Preparations running alongside (a restore made ready: they too hold
+	// the switch lock for reading) register their processes only once they
+	// are made: here a process outside the live generation's pid namespace
+	// whose parent is outside it too is taken for one of theirs (they
+	// descend from templates' generations). A workload's own pid namespace
+	// is not: its init's parent is in the live one.
+	inits := s.initPids()
+	nsOf := func(pid int) string {
+		ns, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/pid")
+		return ns
+	}
+	if liveNS := nsOf(old.hostPid); liveNS != "" {
+		pids, _ := s.cg.Procs()
+		for _, p := range pids {
+			if ns := nsOf(p); ns != "" && ns != liveNS {
+				if pns := nsOf(procfs.Parent(p)); pns != "" && pns != liveNS {
+					inits[p] = true
+				}
+			}
+		}
+	}
+	byPid, reasons, err := s.idleSessions(sessions, inits)
+	if err != nil || len(reasons) > 0 {
+		why(fmt.Sprint("not only idle sessions: ", reasons, err))
+		return
+	}
 	// The checkpoint reads the shell's state as data (ShellState): read
 	// now, while the session may still run, and kept for it.
 	s.mu.Lock()
@@ -462,26 +511,6 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	}
 	if ctx.Err() != nil {
 		return // a restore or reroot waits for the switch lock
-	}
-	// Preparations running alongside (a restore made ready: they too hold
-	// the switch lock for reading) register their processes only once they
-	// are made: here any process outside the live generation's pid
-	// namespace is taken for one of theirs. The checkpoint's own look is
-	// strict: a clone made ahead of a sandbox that is not eligible is only
-	// wasted.
-	inits := s.initPids()
-	if liveNS, err := os.Readlink("/proc/" + strconv.Itoa(old.hostPid) + "/ns/pid"); err == nil {
-		pids, _ := s.cg.Procs()
-		for _, p := range pids {
-			if ns, err := os.Readlink("/proc/" + strconv.Itoa(p) + "/ns/pid"); err == nil && ns != liveNS {
-				inits[p] = true
-			}
-		}
-	}
-	byPid, reasons, err := s.idleSessions(sessions, inits)
-	if err != nil || len(reasons) > 0 {
-		why(fmt.Sprint("not only idle sessions: ", reasons, err))
-		return
 	}
 	looked := map[int]*template{}
 	for pid, ss := range byPid {
@@ -564,6 +593,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	ah.sessions, clones, err = ts.cloneAll(ctx, stopped, g, s, ah.cgs)
 	for _, c := range clones {
 		ah.pids = append(ah.pids, c.Pid())
+		ah.starts = append(ah.starts, procfs.StartTime(c.Pid()))
 	}
 	// The clone left the sessions' children to be born in g: back to their
 	// own namespace, or they cannot go on.
@@ -580,6 +610,15 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		return
 	}
 	stopClones(s.log, clones)
+	// A signal that came while they were stopped would run its handler
+	// once they go on, before their sleeps are counted: unseen.
+	for _, p := range stopped {
+		if pending(p.Pid()) {
+			s.log.Debug("clones made ahead: a signal is pending", "pid", p.Pid())
+			s.discardAhead(ah)
+			return
+		}
+	}
 	for _, p := range stopped {
 		ah.from[p.Pid()] = aheadFrom{look: looked[p.Pid()], regs: p.StopRegs()}
 		_ = p.Detach(false) // reading again

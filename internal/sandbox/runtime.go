@@ -292,6 +292,7 @@ func (s *Sandbox) changing() (done func()) {
 	s.mu.Lock()
 	s.writing++
 	s.epoch++
+	s.shellOf = nil // the shell's state read ahead, as the clones
 	s.mu.Unlock()
 	had := s.dropAhead()
 	return func() {

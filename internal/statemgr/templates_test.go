@@ -1236,3 +1236,20 @@ func voluntarySwitches(t *testing.T, pid int) int {
 	t.Fatalf("no voluntary_ctxt_switches in /proc/%d/status", pid)
 	return 0
 }
+
+// TestNoClonesAheadBesideAWorkloadPidNamespace runs a process of the
+// workload in a pid namespace of its own, beside the sessions: the clones
+// made ahead must not take it for a preparation's (it could write the
+// filesystem after their copy of it was made).
+func TestNoClonesAheadBesideAWorkloadPidNamespace(t *testing.T) {
+	log := &logRecorder{}
+	m := sandboxtest.NewManager(t, func(o *statemgr.Options) { recordLogs(o, log) })
+	id := create(t, m, sandbox.Config{})
+	session(t, m, id, sandbox.SessionShell, `N=1`)
+	checkpoint(t, m, id, "")
+	if r := sh(t, m, id, "setsid unshare -p sh -c 'sleep 300 & exit' </dev/null >/dev/null 2>&1; sleep 0.2; pgrep -c sleep"); r.stdout != "1\n" {
+		t.Fatalf("a workload in its own pid namespace: %q %q", r.stdout, r.stderr)
+	}
+	session(t, m, id, sandbox.SessionShell, `N=2`)
+	log.wait(t, "clones made ahead: not now", "not only idle sessions")
+}
