@@ -328,6 +328,15 @@ func (s *Sandbox) recycleAhead(ah *aheadClones) {
 	})
 }
 
+// CopiedAhead reports whether the next checkpoint will likely switch to a
+// copy of the layer made ahead (see cloneAhead) rather than snapshot it in
+// its pause.
+func (s *Sandbox) CopiedAhead() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ahead != nil && s.ahead.copy != nil
+}
+
 // takeAhead hands the clones made ahead, with their generation, to a
 // checkpoint of the live generation, or discards them when they were made
 // for another.

@@ -135,8 +135,11 @@ func (m *Manager) Checkpoint(ctx context.Context, id string, opts daemon.Checkpo
 	// Flush the layer's dirty data while the sandbox still runs: a btrfs
 	// snapshot flushes what is dirty, and inside the freeze that would make
 	// the pause grow with what the workload wrote since its last
-	// checkpoint. Now only what it writes in the next instant is left.
-	m.preflush(ctx, r.Layer)
+	// checkpoint. Now only what it writes in the next instant is left. A
+	// checkpoint that switches to a copy made ahead snapshots nothing.
+	if !sb.CopiedAhead() {
+		m.preflush(ctx, r.Layer)
+	}
 
 	// The fast path: the sessions become templates, the sandbox moves on
 	// into a new generation.
