@@ -264,6 +264,12 @@ func (g *generation) release() {
 // a new generation would nest pid namespaces deeper than the kernel allows.
 var ErrTooDeep = errors.New("pid namespaces nest too deep")
 
+// ErrTemplatesGone is returned (wrapped, with errdefs.ErrFailedPrecondition)
+// when a checkpoint's templates cannot be cloned any more: one was killed,
+// evicted, or resumed (a daemon that died while it was attached let it
+// run). The checkpoint's other paths remain.
+var ErrTemplatesGone = errors.New("the process templates are gone or were resumed")
+
 // spawnGeneration has parent's init start the init of a child generation,
 // puts it in cg and waits for its hello. The child holds a reference on
 // parent; the caller owns the returned generation (one reference) and

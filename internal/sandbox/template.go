@@ -76,7 +76,7 @@ func (ts *Templates) takeGeneration(ctx context.Context, cg cgroup.Cgroup, log *
 	ts.mu.Lock()
 	if ts.released {
 		ts.mu.Unlock()
-		return nil, fmt.Errorf("the templates are gone: %w", errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("%w (%w)", ErrTemplatesGone, errdefs.ErrFailedPrecondition)
 	}
 	var g *generation
 	if n := len(ts.spares); n > 0 {
@@ -1304,14 +1304,14 @@ func (ts *Templates) fork(ctx context.Context, t *template, tp *inject.Proc, ini
 	if tp == nil {
 		if tp = t.held; tp == nil {
 			if !t.stopped() {
-				return nil, fmt.Errorf("template %d is gone or was resumed", t.pid)
+				return nil, fmt.Errorf("template %d: %w", t.pid, ErrTemplatesGone)
 			}
 			if tp, err = ts.tracer.Seize(ctx, t.pid, seizeTimeout); err != nil {
 				return nil, err
 			}
 			if r := tp.Regs(); r.PC() != t.pc || r.SP() != t.sp {
 				_ = tp.Detach(true)
-				return nil, fmt.Errorf("template %d was resumed (it is not where it stopped)", t.pid)
+				return nil, fmt.Errorf("template %d is not where it stopped: %w", t.pid, ErrTemplatesGone)
 			}
 			t.held = tp
 		}
@@ -1543,7 +1543,7 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	defer s.markStep()
 	if !ts.use() {
 		prep.Release()
-		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("restore sandbox %q: %w (%w)", s.id, ErrTemplatesGone, errdefs.ErrFailedPrecondition)
 	}
 	defer ts.users.Done()
 	tr := newTrace(ctx)
@@ -1553,7 +1553,7 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 	ready := prep != nil && prep.clonesReady()
 	if !ready && !ts.Alive() {
 		prep.Release()
-		return nil, fmt.Errorf("restore sandbox %q: the templates are gone: %w", s.id, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("restore sandbox %q: %w (%w)", s.id, ErrTemplatesGone, errdefs.ErrFailedPrecondition)
 	}
 	next, target, prepared := prep.take(s, ts)
 	ready = ready && prepared
@@ -1693,11 +1693,11 @@ func (s *Sandbox) RestoreTemplates(ctx context.Context, view layer.View, ts *Tem
 // tree's.
 func (r *Runtime) ForkTemplates(ctx context.Context, spec Spec, ts *Templates) (_ *Sandbox, err error) {
 	if !ts.use() {
-		return nil, fmt.Errorf("fork into %q: the templates are gone: %w", spec.ID, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("fork into %q: %w (%w)", spec.ID, ErrTemplatesGone, errdefs.ErrFailedPrecondition)
 	}
 	defer ts.users.Done()
 	if !ts.Alive() {
-		return nil, fmt.Errorf("fork into %q: the templates are gone: %w", spec.ID, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("fork into %q: %w (%w)", spec.ID, ErrTemplatesGone, errdefs.ErrFailedPrecondition)
 	}
 	sb, err := r.prepare(ctx, spec.ID, spec.IDs, spec.Limits, ts.takeGeneration)
 	if err != nil {
@@ -1818,7 +1818,7 @@ func (s *Sandbox) prepareRoot(ctx context.Context, ts *Templates, view layer.Vie
 	s.switchMu.RLock()
 	defer s.switchMu.RUnlock()
 	if !ts.use() {
-		return nil, nil, fmt.Errorf("prepare a restore: the templates are gone: %w", errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("prepare a restore: %w (%w)", ErrTemplatesGone, errdefs.ErrFailedPrecondition)
 	}
 	defer ts.users.Done()
 	s.mu.Lock()

@@ -407,8 +407,19 @@ func (m *Manager) Restore(ctx context.Context, id, ckID string) (_ daemon.Restor
 				ps := daemon.ProcessState{Name: k.String() + " session", Path: daemon.PathTemplate}
 				if !slices.Contains(cloned, k) {
 					ps.Path, ps.Reason = daemon.PathNone, "its clone failed; a fresh session starts"
+					if k == sandbox.SessionShell && ck.HasShell {
+						// The shell's state is data too: replayed into the
+						// fresh session before its next call.
+						if rerr := sb.ReplayShellState(ctx, ck.Shell); rerr == nil {
+							ps.Path, ps.Reason = daemon.PathReplay, "its clone failed; its state is replayed"
+						}
+					}
 				}
 				res.Processes = append(res.Processes, ps)
+			}
+			if len(cloned) < len(ts.Kinds()) && !ts.Alive() {
+				// Killed or resumed: never used again.
+				m.dropTemplates(ckID, "its process templates were found gone or resumed")
 			}
 			m.makeSpare(id, ckID, ck.Layer)
 			// The layers' read lock goes with it: gc must not see the
@@ -589,14 +600,23 @@ func (m *Manager) Fork(ctx context.Context, ckID string, n int) (_ daemon.ForkRe
 				return err
 			}
 			r.Layer = active.ID
-			sb, err := m.startWith(gctx, r, nil, ts)
+			tpl := ts
+			sb, err := m.startWith(gctx, r, nil, tpl)
+			if err != nil && errors.Is(err, sandbox.ErrTemplatesGone) {
+				// One was killed or resumed since (a daemon that died while
+				// it was attached): never used again; the fork takes the
+				// checkpoint's other path.
+				m.dropTemplates(ck.ID, "its process templates were found gone or resumed: "+err.Error())
+				tpl = nil
+				sb, err = m.startWith(gctx, r, nil, nil)
+			}
 			if err != nil {
 				m.dropInflight(r.ID)
 				_ = m.layers.Remove(context.Background(), active.ID)
 				return err
 			}
 			ids[i] = r.ID
-			if ck.HasShell && ts == nil {
+			if ck.HasShell && tpl == nil {
 				return sb.ReplayShellState(gctx, ck.Shell)
 			}
 			return nil

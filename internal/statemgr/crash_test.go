@@ -35,7 +35,7 @@ func init() {
 }
 
 // crashChild plays a daemon that checkpoints, restores and forks in a loop
-// until it is killed. After each acknowledged checkpoint it appends
+// until it is killed, on both checkpoint paths. After each acknowledged checkpoint it appends
 // "<checkpoint id> <counter>" to root/acked (fsynced): the counter is what
 // /work/counter held at the checkpoint.
 func crashChild(root string) {
@@ -67,7 +67,15 @@ func crashChild(root string) {
 	}
 	var cks []string
 	for n := 0; ; n++ {
-		_, _ = m.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", "echo " + strconv.Itoa(n) + " > /work/counter"}})
+		// By a command, or by the shell session (then the checkpoint takes
+		// the template path, switching to a copy of the layer made ahead).
+		write := "echo " + strconv.Itoa(n) + " > /work/counter"
+		if n%2 == 1 {
+			_, _ = m.Session(ctx, id, sandbox.SessionRequest{Kind: sandbox.SessionShell, Code: write})
+			time.Sleep(20 * time.Millisecond) // the clones and the copy made ahead
+		} else {
+			_, _ = m.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"sh", "-c", write}})
+		}
 		ck, err := m.Checkpoint(ctx, id, daemon.CheckpointOptions{})
 		if err == nil {
 			fmt.Fprintf(acked, "%s %d\n", ck.ID, n)
@@ -130,10 +138,18 @@ func TestKillDaemonDuringCheckpointRestoreFork(t *testing.T) {
 		}
 		// Every acknowledged checkpoint is there, with its filesystem.
 		acked := readAcked(t, filepath.Join(root, "acked"))
+		templated := 0
 		for i, a := range acked {
-			if _, err := m.GetCheckpoint(ctx, a.id); err != nil {
+			ck, err := m.GetCheckpoint(ctx, a.id)
+			if err != nil {
 				t.Errorf("round %d: acknowledged checkpoint %s lost: %v", round, a.id, err)
 				continue
+			}
+			for _, p := range ck.Processes { // templates, or templates the restart lost
+				if p.Path == daemon.PathTemplate || strings.Contains(p.Reason, "templates") {
+					templated++
+					break
+				}
 			}
 			// Check the newest and a few others by forking them.
 			if i != len(acked)-1 && i%5 != 0 {
@@ -150,7 +166,10 @@ func TestKillDaemonDuringCheckpointRestoreFork(t *testing.T) {
 			}
 			_ = m.DeleteSandbox(ctx, res.IDs[0], true)
 		}
-		t.Logf("round %d: %d acknowledged checkpoints intact", round, len(acked))
+		t.Logf("round %d: %d acknowledged checkpoints intact, %d on the template path", round, len(acked), templated)
+		if len(acked) > 4 && templated == 0 {
+			t.Errorf("round %d: no checkpoint took the template path", round)
+		}
 		if err := m.Close(); err != nil {
 			t.Fatalf("round %d: close: %v", round, err)
 		}

@@ -306,6 +306,17 @@ func TestTemplateKilledDowngradesCheckpoint(t *testing.T) {
 			if tr, err := m.Tree(context.Background(), id); err != nil || !strings.Contains(fmt.Sprint(tr.Checkpoints[0].Processes), "template") {
 				t.Errorf("tree does not say why: %+v %v", tr.Checkpoints, err)
 			}
+			// A fork takes the other path too.
+			f, err := m.Fork(context.Background(), ck.ID, 1)
+			if err != nil {
+				t.Fatalf("fork after the template was %s: %v", how, err)
+			}
+			if r := session(t, m, f.IDs[0], sandbox.SessionShell, "echo $V"); r.stdout != "kept\n" {
+				t.Errorf("forked V = %q", r.stdout)
+			}
+			if err := m.DeleteSandbox(context.Background(), f.IDs[0], true); err != nil {
+				t.Error(err)
+			}
 		})
 	}
 }
