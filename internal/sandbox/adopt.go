@@ -287,5 +287,56 @@ func (r *Runtime) DropTemplates(ctx context.Context, rec TemplatesRecord) {
 	}
 	if rec.Cgroup != "" {
 		_ = cgroup.Remove(ctx, rec.Cgroup, cgroup.WithParent(r.cgParent))
+		_ = os.Remove(r.cgroupMark(rec.Cgroup))
 	}
+}
+
+// Templates' cgroups are marked in the run directory while they exist
+// (the cgroup parent may be shared with other daemons): a daemon that died
+// in a checkpoint, before the checkpoint was recorded, leaves a cgroup no
+// record names, which the next one finds by its mark.
+
+// cgroupMark is the mark of the templates' cgroup name.
+func (r *Runtime) cgroupMark(name string) string {
+	return filepath.Join(r.runDir, name+".cgroup")
+}
+
+// templatesCgroup makes a templates' cgroup, marked.
+func (r *Runtime) templatesCgroup(ctx context.Context, name string) (cgroup.Cgroup, error) {
+	if err := os.WriteFile(r.cgroupMark(name), nil, 0o600); err != nil {
+		return nil, err
+	}
+	cg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(r.cgParent))
+	if err != nil {
+		_ = os.Remove(r.cgroupMark(name))
+	}
+	return cg, err
+}
+
+// deleteTemplatesCgroup deletes a templates' cgroup and its mark.
+func (r *Runtime) deleteTemplatesCgroup(ctx context.Context, cg cgroup.Cgroup) {
+	if err := cg.Delete(ctx); err == nil {
+		_ = os.Remove(r.cgroupMark(filepath.Base(cg.Name())))
+	}
+}
+
+// RemoveOrphanTemplateCgroups removes the marked templates' cgroups of a
+// previous daemon that no adopted templates hold (keep names those that
+// do), and returns their names.
+func (r *Runtime) RemoveOrphanTemplateCgroups(ctx context.Context, keep map[string]bool) []string {
+	marks, _ := filepath.Glob(filepath.Join(r.runDir, "*.cgroup"))
+	var removed []string
+	for _, mark := range marks {
+		name := strings.TrimSuffix(filepath.Base(mark), ".cgroup")
+		if keep[name] {
+			continue
+		}
+		if err := cgroup.Remove(ctx, name, cgroup.WithParent(r.cgParent)); err != nil {
+			r.log.Warn("remove an orphan templates' cgroup", "cgroup", name, "err", err)
+			continue
+		}
+		_ = os.Remove(mark)
+		removed = append(removed, name)
+	}
+	return removed
 }

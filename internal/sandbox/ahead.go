@@ -309,8 +309,8 @@ func (s *Sandbox) recycleAhead(ah *aheadClones) {
 		s.switchMu.RLock()
 		root := s.Rootfs()
 		g := ah.g
-		ok := ah.copy == nil
-		if !ok {
+		ok := ah.copy == nil && ah.root == root
+		if !ok && g.alive() {
 			_, err := sendRoot(context.Background(), g, initproto.OpReroot, &initproto.Config{}, root, nil)
 			ok = err == nil
 		}
@@ -344,9 +344,9 @@ func (s *Sandbox) takeAhead() *aheadClones {
 	s.mu.Lock()
 	ah := s.ahead
 	s.ahead = nil
-	cur := s.g
+	cur, root := s.g, s.rootfs
 	s.mu.Unlock()
-	if ah != nil && (ah.g.parent != cur || !ah.g.alive()) {
+	if ah != nil && (ah.g.parent != cur || !ah.g.alive() || (ah.copy == nil && ah.root != root)) {
 		s.log.Debug("checkpoint: the clones made ahead are for another generation")
 		s.discardAhead(ah)
 		ah = nil
@@ -462,7 +462,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	g, root := s.spare, s.spareRoot
 	ok := s.aheadWanted && !s.destroyed && s.ahead == nil && s.spareReady() && s.writing == 0
 	s.aheadWanted = false
-	old, epoch, copier, view := s.g, s.epoch, s.copier, s.view
+	old, epoch, copier, view, liveRoot := s.g, s.epoch, s.copier, s.view, s.rootfs
 	sessions := make([]*session, 0, len(s.sess))
 	for _, ss := range s.sess {
 		sessions = append(sessions, ss)
@@ -597,7 +597,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 			return
 		}
 	}
-	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{})}
+	ts := &Templates{g: old, tracer: tr, procs: tpls, rt: s.rt, quit: make(chan struct{}), reopen: ah.copy != nil}
 	var clones []*inject.Proc
 	ah.sessions, clones, err = ts.cloneAll(ctx, stopped, g, s, ah.cgs)
 	for _, c := range clones {
@@ -615,7 +615,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	if err != nil {
 		s.log.Debug("clones made ahead: failed", "err", err)
 		stopClones(s.log, clones)
-		s.discardAhead(ah)
+		s.recycleAhead(ah)
 		return
 	}
 	stopClones(s.log, clones)
@@ -624,7 +624,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	for _, p := range stopped {
 		if pending(p.Pid()) {
 			s.log.Debug("clones made ahead: a signal is pending", "pid", p.Pid())
-			s.discardAhead(ah)
+			s.recycleAhead(ah)
 			return
 		}
 	}
@@ -638,7 +638,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	for pid, f := range ah.from {
 		st, err := asleepAgain(ctx, pid)
 		if err != nil {
-			s.discardAhead(ah)
+			s.recycleAhead(ah)
 			return
 		}
 		f.sleeps = st.sleeps
@@ -647,14 +647,14 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	// Kept unless something that could change the sandbox started
 	// meanwhile (see changing).
 	s.mu.Lock()
-	keep := !s.destroyed && s.ahead == nil && s.epoch == epoch && s.g == old
+	keep := !s.destroyed && s.ahead == nil && s.epoch == epoch && s.g == old && s.rootfs == liveRoot
 	if keep {
 		s.ahead = ah
 	}
 	s.mu.Unlock()
 	if !keep {
 		s.log.Debug("clones made ahead: the sandbox changed meanwhile")
-		s.discardAhead(ah)
+		s.recycleAhead(ah)
 	}
 }
 

@@ -34,6 +34,7 @@ func (s *Sandbox) Reroot(ctx context.Context, view layer.View) error {
 		return fmt.Errorf("reroot sandbox %q: %w", s.id, errdefs.ErrFailedPrecondition)
 	}
 	s.rerooting = true
+	s.epoch++ // clones made ahead meanwhile are for the old root
 	ah := s.ahead
 	s.ahead, s.stepping = nil, true
 	sessions := s.sess

@@ -40,6 +40,10 @@ type Templates struct {
 	// Pause is how long the checkpoint stopped the sessions: from the
 	// attach to the clones running.
 	Pause time.Duration
+	// reopen: the clones of seized sessions go on in another root (a copy
+	// of the layer, see cloneAhead), so they reopen their files there
+	// rather than keep the sessions' (which would write the checkpoint's).
+	reopen bool
 
 	rt *Runtime
 
@@ -434,13 +438,13 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	}
 
 	// The templates' cgroup, before anything stops.
-	tcg, err := cgroup.New(ctx, name, cgroup.Limits{}, cgroup.WithParent(s.rt.cgParent))
+	tcg, err := s.rt.templatesCgroup(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint sandbox %q: %w", s.id, err)
 	}
 	defer func() {
 		if err != nil && !switched {
-			_ = tcg.Delete(context.Background())
+			s.rt.deleteTemplatesCgroup(context.Background(), tcg)
 		}
 	}()
 
@@ -1300,7 +1304,7 @@ func (ts *Templates) fork(ctx context.Context, t *template, tp *inject.Proc, ini
 	// A checkpoint's clone (its template seized by the caller) goes on on
 	// the same root: it keeps the template's open files, which the template,
 	// never to run again, does not use.
-	keepFiles := tp != nil
+	keepFiles := tp != nil && !ts.reopen
 	if tp == nil {
 		if tp = t.held; tp == nil {
 			if !t.stopped() {
@@ -1521,7 +1525,7 @@ func (ts *Templates) Release() {
 		ts.g.onFree = append(ts.g.onFree, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_ = cg.Delete(ctx)
+			ts.rt.deleteTemplatesCgroup(ctx, cg)
 		})
 		ts.g.mu.Unlock()
 	}

@@ -189,6 +189,20 @@ func (m *Manager) adoptTemplates(ctx context.Context) {
 	for _, g := range m.rt.KillOrphanGenerations() {
 		m.log.Warn("killed an orphan template generation of a previous daemon", "generation", g)
 	}
+	keep := map[string]bool{}
+	for _, ck := range cks {
+		if ck.Tpl != nil {
+			m.mu.Lock()
+			_, held := m.tpl[ck.ID]
+			m.mu.Unlock()
+			if held {
+				keep[ck.Tpl.Cgroup] = true
+			}
+		}
+	}
+	for _, cg := range m.rt.RemoveOrphanTemplateCgroups(ctx, keep) {
+		m.log.Warn("removed an orphan templates' cgroup of a previous daemon", "cgroup", cg)
+	}
 }
 
 // layerPinned reports whether layer l is still a sandbox's writable layer or

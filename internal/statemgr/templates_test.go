@@ -1009,7 +1009,7 @@ func sessionPids(t *testing.T, id string, kind sandbox.SessionKind) []int {
 func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 	m := newManager(t)
 	id := create(t, m, sandbox.Config{})
-	session(t, m, id, sandbox.SessionPython, `x = [1]; gen = iter(range(100)); next(gen)`)
+	session(t, m, id, sandbox.SessionPython, `x = [1]; gen = iter(range(100)); next(gen); log = open('/work/log', 'a')`)
 	ck1 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck1.Processes, "python")
 
@@ -1024,7 +1024,7 @@ func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 	// after the step.
 	ck2 := checkpoint(t, m, id, "")
 	wantTemplates(t, "checkpoint", ck2.Processes, "python")
-	ahead := stepAhead(t, m, id, sandbox.SessionPython, `x.append(4); open('/work/step', 'w').write('4')`)
+	ahead := stepAhead(t, m, id, sandbox.SessionPython, `x.append(4); open('/work/step', 'w').write('4'); log.write('4'); log.flush()`)
 	before := sessionPids(t, id, sandbox.SessionPython)
 	// Made on a copy of the live layer (the default store can), which the
 	// checkpoint switches to instead of snapshotting the layer.
@@ -1047,11 +1047,14 @@ func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 	if r := session(t, m, id, sandbox.SessionPython, show); r.stdout != "[1, 2, 3, 4] 2 4\n" {
 		t.Fatalf("live session after the checkpoint: %q %q", r.stdout, r.stderr)
 	}
-	// The sandbox writes on in the copy, files from the host included; the
-	// checkpoint keeps what it had.
-	session(t, m, id, sandbox.SessionPython, `open('/work/step', 'w').write('5')`)
+	// The sandbox writes on in the copy, through files it held open too;
+	// the checkpoint keeps what it had.
+	session(t, m, id, sandbox.SessionPython, `open('/work/step', 'w').write('5'); log.write('5'); log.flush()`)
 	if got := readFile(t, m, id, "/work/step"); got != "5" {
 		t.Errorf("the file from the host after the checkpoint: %q, want the sandbox's write", got)
+	}
+	if got := readFile(t, m, id, "/work/log"); got != "45" {
+		t.Errorf("a file the session held open, from the host after the checkpoint: %q, want %q", got, "45")
 	}
 	for _, c := range []struct {
 		ck   string
@@ -1061,6 +1064,9 @@ func TestCheckpointTakesClonesMadeAhead(t *testing.T) {
 		if r := session(t, m, id, sandbox.SessionPython, show); r.stdout != c.want {
 			t.Fatalf("after the restore to %s: %q %q, want %q", c.ck, r.stdout, r.stderr, c.want)
 		}
+	}
+	if got := readFile(t, m, id, "/work/log"); got != "4" {
+		t.Errorf("the held file after the restore to %s: %q, want %q", ck3.ID, got, "4")
 	}
 }
 

@@ -439,6 +439,38 @@ func TestDeleteRemovesAll(t *testing.T) {
 	p.wait(t, 5*time.Second)
 }
 
+// TestDeleteThawsAChildFrozenByItself deletes a cgroup whose child a kill
+// left frozen (a daemon that died between the freeze and the thaw of the
+// child): its tasks must die all the same.
+func TestDeleteThawsAChildFrozenByItself(t *testing.T) {
+	requiresV1(t)
+	checkLeaks(t)
+	ctx := ctxT(t)
+	cg, err := New(ctx, uniqueName(t), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := cg.Child("session")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startGated(t, "sleep 100")
+	if err := ex.Add(p.cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	p.open(t)
+	if err := ex.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Process.Kill() // pending while frozen
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cg.Delete(dctx); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	p.wait(t, 5*time.Second)
+}
+
 func TestOOMKill(t *testing.T) {
 	requiresV1(t)
 	checkLeaks(t)

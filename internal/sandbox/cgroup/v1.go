@@ -232,6 +232,20 @@ func (c *v1) Thaw(ctx context.Context) error {
 	if err := writeFile(state, "THAWED"); err != nil {
 		return fmt.Errorf("thaw cgroup %q: %w", c.name, classify(err))
 	}
+	// A child frozen by itself stays frozen when its parent thaws: one a
+	// kill of it left so (the daemon died between its freeze and thaw)
+	// would hold its killed tasks forever, and a later kill of the parent
+	// would wait for them in vain.
+	if dirs, err := subtree(d); err == nil {
+		for _, sd := range dirs {
+			if sd == d {
+				continue
+			}
+			if s, err := readString(filepath.Join(sd, "freezer.state")); err == nil && s != "THAWED" {
+				_ = writeFile(filepath.Join(sd, "freezer.state"), "THAWED")
+			}
+		}
+	}
 	err = poll(ctx, func() (bool, error) {
 		s, err := readString(state)
 		return s == "THAWED", err

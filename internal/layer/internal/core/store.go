@@ -91,10 +91,13 @@ type Store struct {
 	stop       context.CancelFunc
 	wg         sync.WaitGroup
 
-	// mu guards recs and locks.
+	// mu guards recs, locks and unsaved.
 	mu    sync.Mutex
 	recs  map[string]*record
 	locks map[string]*sync.RWMutex
+	// unsaved are records in effect whose write failed (see CommitFlat):
+	// every save writes them too until one succeeds.
+	unsaved map[string]*record
 }
 
 // Open opens (creating if needed) the store whose metadata lives in root and
@@ -108,7 +111,7 @@ func Open(root, data string, b Backend) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open layer store %q: %w", root, err)
 	}
-	s := &Store{root: root, data: data, b: b, db: db, recs: map[string]*record{}, locks: map[string]*sync.RWMutex{}}
+	s := &Store{root: root, data: data, b: b, db: db, recs: map[string]*record{}, locks: map[string]*sync.RWMutex{}, unsaved: map[string]*record{}}
 	err = db.Update(func(tx *bolt.Tx) error {
 		bk, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
@@ -224,6 +227,16 @@ func (s *Store) get(op, id string, want layer.Kind) (record, error) {
 // save writes puts and deletes in one transaction (fsynced), then updates the
 // in-memory records. This is the point where an operation takes effect.
 func (s *Store) save(puts []*record, deletes []string) error {
+	s.mu.Lock()
+	var late []string
+	for id, r := range s.unsaved {
+		if !slices.Contains(deletes, id) && !slices.ContainsFunc(puts, func(p *record) bool { return p.ID == id }) {
+			c := *r
+			puts = append(puts, &c)
+		}
+		late = append(late, id)
+	}
+	s.mu.Unlock()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(bucket)
 		for _, r := range puts {
@@ -254,6 +267,9 @@ func (s *Store) save(puts []*record, deletes []string) error {
 	for _, id := range deletes {
 		delete(s.recs, id)
 		delete(s.locks, id)
+	}
+	for _, id := range late {
+		delete(s.unsaved, id)
 	}
 	return nil
 }
@@ -437,11 +453,18 @@ func (s *Store) CommitFlat(ctx context.Context, p layer.Prepared, opts ...layer.
 	if cfg.Captured != nil {
 		cfg.Captured()
 	}
-	// Should this fail, the writers are on the copy already, which the
-	// store does not know of: the next Open would remove it. Nothing can
-	// be undone here; the error says so.
 	if err := s.save([]*record{c, &a}, nil); err != nil {
-		return layer.Info{}, fmt.Errorf("commit layer %q: its writers went on in a copy the store could not record: %w (%w)", p.Active, err, errdefs.ErrInternal)
+		// The writers are on the copy already: nothing can be undone. The
+		// records take effect all the same, and reach the disk with the
+		// next save that succeeds; until then a crash would bring the
+		// active layer back to the committed content.
+		s.mu.Lock()
+		for _, r := range []*record{c, &a} {
+			mem, disk := *r, *r
+			s.recs[r.ID], s.unsaved[r.ID] = &mem, &disk
+		}
+		s.mu.Unlock()
+		return c.info(), fmt.Errorf("commit layer %q: the records are not on disk yet: %w (%w)", p.Active, err, errdefs.ErrInternal)
 	}
 	return c.info(), nil
 }
