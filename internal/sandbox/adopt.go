@@ -278,17 +278,16 @@ func (r *Runtime) KillOrphanGenerations() []string {
 }
 
 // DropTemplates kills what is left of templates that could not be adopted
-// (each still the process it was) and removes their cgroup.
+// (each still the process it was).
 func (r *Runtime) DropTemplates(ctx context.Context, rec TemplatesRecord) {
 	for _, p := range rec.Procs {
 		if procfs.StartTime(p.Pid) == p.Start {
 			_ = unix.Kill(p.Pid, unix.SIGKILL)
 		}
 	}
-	if rec.Cgroup != "" {
-		_ = cgroup.Remove(ctx, rec.Cgroup, cgroup.WithParent(r.cgParent))
-		_ = os.Remove(r.cgroupMark(rec.Cgroup))
-	}
+	// Their cgroup goes with the orphans' (RemoveOrphanTemplateCgroups):
+	// it may hold the init of a generation that other templates, adopted
+	// later, nest in.
 }
 
 // Templates' cgroups are marked in the run directory while they exist
@@ -325,13 +324,47 @@ func (r *Runtime) deleteTemplatesCgroup(ctx context.Context, cg cgroup.Cgroup) {
 // do), and returns their names.
 func (r *Runtime) RemoveOrphanTemplateCgroups(ctx context.Context, keep map[string]bool) []string {
 	marks, _ := filepath.Glob(filepath.Join(r.runDir, "*.cgroup"))
+	r.adoptMu.Lock()
+	adopted := map[int]*generation{}
+	for _, g := range r.adopted {
+		adopted[g.hostPid] = g
+	}
+	r.adoptMu.Unlock()
 	var removed []string
 	for _, mark := range marks {
 		name := strings.TrimSuffix(filepath.Base(mark), ".cgroup")
 		if keep[name] {
 			continue
 		}
-		if err := cgroup.Remove(ctx, name, cgroup.WithParent(r.cgParent)); err != nil {
+		cg, err := cgroup.Load(name, cgroup.WithParent(r.cgParent))
+		if errors.Is(err, errdefs.ErrNotFound) {
+			_ = os.Remove(mark)
+			continue
+		}
+		if err != nil {
+			r.log.Warn("remove an orphan templates' cgroup", "cgroup", name, "err", err)
+			continue
+		}
+		// It also holds the init of its templates' generation: one that
+		// adopted templates nest in lives on, and the cgroup goes with it.
+		pids, _ := cg.Procs()
+		var holder *generation
+		for _, p := range pids {
+			if g := adopted[p]; g != nil {
+				holder = g
+			}
+		}
+		if holder != nil {
+			holder.mu.Lock()
+			holder.onFree = append(holder.onFree, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				r.deleteTemplatesCgroup(ctx, cg)
+			})
+			holder.mu.Unlock()
+			continue
+		}
+		if err := cg.Delete(ctx); err != nil {
 			r.log.Warn("remove an orphan templates' cgroup", "cgroup", name, "err", err)
 			continue
 		}

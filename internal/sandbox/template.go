@@ -1155,6 +1155,11 @@ func inspect(pid int, ss *session, ignore func(fd int, link string) bool) (*temp
 			case strings.HasSuffix(link, " (deleted)"):
 				return nil, fmt.Sprintf("holds a deleted file (fd %d)", fd)
 			}
+			// A clone reopens it by path: a named pipe's open would block
+			// until its other end opens (and the tracer with it).
+			if st, err := os.Stat(dir + "/fd/" + e.Name()); err == nil && st.Mode()&os.ModeNamedPipe != 0 {
+				return nil, fmt.Sprintf("holds a named pipe (fd %d)", fd)
+			}
 			ref.Path = link
 		}
 		info, err := os.ReadFile(dir + "/fdinfo/" + e.Name())

@@ -162,8 +162,15 @@ func TestTemplateHundredRestores(t *testing.T) {
 // visible lists the processes a python session sees, itself as 'me', and
 // its init as 1. The sandbox's own next generation, in a namespace nested
 // below (the spare init for its next checkpoint, the clones made ahead in
-// it), is left out: templates and other sandboxes are never nested below.
-const visible = `[1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) if p == 1 or len(open("/proc/%d/status" % p).read().split("NSpid:")[1].split("\n")[0].split()) == 1]`
+// it, which come and go), is left out: templates and other sandboxes are
+// never nested below.
+const visible = `
+def own(p):
+    try:
+        return len(open("/proc/%d/status" % p).read().split("NSpid:")[1].split("\n")[0].split()) == 1
+    except OSError:
+        return False # gone meanwhile
+print([1 if p == 1 else ('me' if p == os.getpid() else p) for p in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) if p == 1 or own(p)])`
 
 // signallable lists the pids a python session can signal other than itself,
 // the threads of its sandbox's init (pid 1) and its next generation (a
@@ -360,6 +367,14 @@ func TestIneligibleSandboxSaysWhy(t *testing.T) {
 	ck2 := checkpoint(t, m, id2, "")
 	if s := fmt.Sprint(ck2.Processes); !strings.Contains(s, "socket") {
 		t.Errorf("a socket is not named: %s", s)
+	}
+	// Named pipes too: a clone reopens files by path, which for one would
+	// block until its other end opened.
+	id3 := create(t, m, sandbox.Config{})
+	session(t, m, id3, sandbox.SessionPython, "import os\nos.mkfifo('/tmp/fifo')\nfd = os.open('/tmp/fifo', os.O_RDONLY | os.O_NONBLOCK)")
+	ck3 := checkpoint(t, m, id3, "")
+	if s := fmt.Sprint(ck3.Processes); !strings.Contains(s, "named pipe") {
+		t.Errorf("a named pipe is not named: %s", s)
 	}
 }
 

@@ -68,7 +68,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -291,47 +290,6 @@ func Remove(ctx context.Context, name string, opts ...Opt) error {
 		return err
 	}
 	return cg.Delete(ctx)
-}
-
-// List returns the names of the parent's cgroups that start with prefix,
-// in any hierarchy: how recovery finds the cgroups a previous daemon made
-// and recorded nowhere.
-func List(prefix string, opts ...Opt) ([]string, error) {
-	c, err := configure("list", opts)
-	if err != nil {
-		return nil, err
-	}
-	var parents []string
-	switch c.mode {
-	case ModeV1, ModeHybrid:
-		mounts, err := v1Mounts(c.root)
-		if err != nil {
-			return nil, fmt.Errorf("list cgroups: %w: %w", err, errdefs.ErrUnavailable)
-		}
-		for _, ctrl := range v1Controllers {
-			if mp, ok := mounts[ctrl]; ok {
-				parents = append(parents, filepath.Join(mp, c.parent))
-			}
-		}
-	case ModeUnified:
-		parents = append(parents, filepath.Join(c.root, c.parent))
-	}
-	seen := map[string]bool{}
-	var out []string
-	for _, dir := range parents {
-		ents, err := os.ReadDir(dir)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("list cgroups: %w", err)
-		}
-		for _, e := range ents {
-			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) && !seen[e.Name()] {
-				seen[e.Name()] = true
-				out = append(out, e.Name())
-			}
-		}
-	}
-	sort.Strings(out)
-	return out, nil
 }
 
 func configure(name string, opts []Opt) (config, error) {

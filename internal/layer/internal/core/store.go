@@ -98,6 +98,9 @@ type Store struct {
 	// unsaved are records in effect whose write failed (see CommitFlat):
 	// every save writes them too until one succeeds.
 	unsaved map[string]*record
+	// saveMu orders saves, so that one carrying unsaved records cannot
+	// write them after a later save wrote newer ones.
+	saveMu sync.Mutex
 }
 
 // Open opens (creating if needed) the store whose metadata lives in root and
@@ -172,11 +175,19 @@ func (s *Store) usedDirs() map[string]bool {
 	return used
 }
 
-// Close stops background compaction and closes the store.
+// Close stops background compaction and closes the store, writing the
+// records a failed save left unwritten first.
 func (s *Store) Close() error {
 	s.stop()
 	s.wg.Wait()
-	err := s.db.Close()
+	s.mu.Lock()
+	unsaved := len(s.unsaved) > 0
+	s.mu.Unlock()
+	var err error
+	if unsaved {
+		err = s.save(nil, nil)
+	}
+	err = errors.Join(err, s.db.Close())
 	if s.b.Close != nil {
 		err = errors.Join(err, s.b.Close())
 	}
@@ -227,6 +238,9 @@ func (s *Store) get(op, id string, want layer.Kind) (record, error) {
 // save writes puts and deletes in one transaction (fsynced), then updates the
 // in-memory records. This is the point where an operation takes effect.
 func (s *Store) save(puts []*record, deletes []string) error {
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	own := len(puts) // the unsaved go to the disk only: they are in effect
 	s.mu.Lock()
 	var late []string
 	for id, r := range s.unsaved {
@@ -260,7 +274,7 @@ func (s *Store) save(puts []*record, deletes []string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, r := range puts {
+	for _, r := range puts[:own] {
 		c := *r
 		s.recs[r.ID] = &c
 	}
@@ -456,8 +470,12 @@ func (s *Store) CommitFlat(ctx context.Context, p layer.Prepared, opts ...layer.
 	if err := s.save([]*record{c, &a}, nil); err != nil {
 		// The writers are on the copy already: nothing can be undone. The
 		// records take effect all the same, and reach the disk with the
-		// next save that succeeds; until then a crash would bring the
-		// active layer back to the committed content.
+		// next save that succeeds (or Close); until then a crash would
+		// bring the active layer back to the committed content. (The
+		// caller's removal of the committed layer is refused: the active
+		// layer is its child.)
+		s.saveMu.Lock()
+		defer s.saveMu.Unlock()
 		s.mu.Lock()
 		for _, r := range []*record{c, &a} {
 			mem, disk := *r, *r
