@@ -20,6 +20,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,12 +185,14 @@ func run(heapList string, runs, forks int, think time.Duration) error {
 	// Then the same fan-out again, as a policy's next batch of rollouts from
 	// the same state: the first left its generations to be made ready.
 	fanOut := func(what string) error {
+		busy0, _ := stat.CPUBusy()
 		began := time.Now()
 		res, err := m.Fork(ctx, keep, forks)
 		if err != nil {
 			return err
 		}
 		forked := time.Since(began)
+		busy1, _ := stat.CPUBusy()
 		var g errgroup.Group
 		g.SetLimit(16)
 		var mu sync.Mutex
@@ -211,6 +214,9 @@ func run(heapList string, runs, forks int, think time.Duration) error {
 			return errors.New(strings.Join(bad, "; "))
 		}
 		fmt.Printf("%d forks of a 10 MiB python session, %s: all running %.1f ms, all answered %.1f ms (goal: 64 in 100 ms)\n", forks, what, ms(forked), ms(ready))
+		// The machine's CPU the forks took (until all ran): what bounds
+		// them on a machine of few cores.
+		fmt.Printf("  CPU busy until all ran: %.0f ms, %.1f ms a fork (%d cores)\n", ms(busy1-busy0), ms(busy1-busy0)/float64(forks), runtime.NumCPU())
 		for _, id := range res.IDs {
 			_ = m.DeleteSandbox(ctx, id, true)
 		}

@@ -3,7 +3,11 @@
 package stat
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -40,3 +44,29 @@ func Summarize(d []time.Duration) Summary {
 
 // Ms is d in milliseconds.
 func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// CPUBusy returns the machine's CPU time spent busy (all cores: user,
+// system and interrupts; not idle, I/O wait or stolen) since boot, from /proc/stat: the difference of two
+// readings is what a stretch of work cost the machine, whichever processes
+// did it.
+func CPUBusy() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected %q", line)
+	}
+	var busy int64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system, irq softirq
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		busy += n
+	}
+	// USER_HZ is 100 on Linux (sysconf(_SC_CLK_TCK)).
+	return time.Duration(busy) * 10 * time.Millisecond, nil
+}
