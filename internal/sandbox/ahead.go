@@ -236,6 +236,9 @@ func (s *Sandbox) callStarts(kind SessionKind) bool {
 	s.mu.Lock()
 	first := s.stepping
 	s.stepping = false
+	if first {
+		s.aheadTries = 0
+	}
 	if kind == SessionShell {
 		s.shellOf = nil
 	}
@@ -270,6 +273,23 @@ func (s *Sandbox) wantAhead() {
 		done()
 		s.nextDone(false)
 	}()
+}
+
+// aheadMaxTries bounds the clones made again after transient failures,
+// per step.
+const aheadMaxTries = 4
+
+// aheadRetry asks for clones made ahead again, a little later each time.
+func (s *Sandbox) aheadRetry() {
+	s.mu.Lock()
+	if s.destroyed || s.aheadTries >= aheadMaxTries {
+		s.mu.Unlock()
+		return
+	}
+	s.aheadTries++
+	wait := time.Duration(25<<s.aheadTries) * time.Millisecond // 50 ms to 400 ms
+	s.mu.Unlock()
+	time.AfterFunc(wait, s.wantAhead)
 }
 
 // dropAhead discards the clones made ahead, if any (the sandbox is about
@@ -471,7 +491,19 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	if !ok || len(sessions) == 0 {
 		return
 	}
-	why := func(reason string) { s.log.Debug("clones made ahead: not now", "why", reason) }
+	// A failure that a moment may cure (a session not back asleep yet on
+	// a loaded machine, a signal in flight) has them made again a little
+	// later; one that the sessions' nature causes (timers, memory) not.
+	retry := false
+	defer func() {
+		if retry && ctx.Err() == nil {
+			s.aheadRetry()
+		}
+	}()
+	why := func(reason string) {
+		s.log.Debug("clones made ahead: not now", "why", reason)
+		retry = true
+	}
 	for _, ss := range sessions {
 		if !ss.mu.TryLock() {
 			why("a session is busy")
@@ -526,10 +558,12 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		// Just done with a call, it may still be on its way to its read.
 		_, _ = asleepAgain(ctx, pid)
 		t, reason := inspect(pid, ss, nil)
+		lasting := true // a reason a moment will not change
 		switch {
 		case reason != "":
+			lasting = false
 		case t.run.state != "S":
-			reason = "not asleep"
+			reason, lasting = "not asleep", false
 		case ss.kind == SessionPython && t.run.sigCgt&aheadTimed != 0:
 			reason = fmt.Sprintf("it catches timer signals (%#x)", t.run.sigCgt)
 		case hasTimers(pid):
@@ -540,6 +574,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		}
 		if reason != "" {
 			why(fmt.Sprintf("%s session: %s", ss.kind, reason))
+			retry = !lasting
 			return
 		}
 		looked[pid] = t
@@ -558,11 +593,13 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	for pid, ss := range byPid {
 		p, err := tr.Seize(ctx, pid, seizeTimeout)
 		if err != nil {
+			why(err.Error())
 			return
 		}
 		stopped = append(stopped, p)
 		t := looked[pid]
 		if t.tidOff, err = s.rt.tidOffset(ctx, p); err != nil {
+			why(err.Error())
 			return
 		}
 		t.pc, t.sp = p.Regs().PC(), p.Regs().SP()
@@ -592,7 +629,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 			ah.copy, ah.root = c, c.root
 		}
 		if err != nil {
-			s.log.Debug("clones made ahead: failed", "err", err)
+			why(err.Error())
 			s.discardAhead(ah)
 			return
 		}
@@ -613,7 +650,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 		}
 	}
 	if err != nil {
-		s.log.Debug("clones made ahead: failed", "err", err)
+		why(err.Error())
 		stopClones(s.log, clones)
 		s.recycleAhead(ah)
 		return
@@ -623,7 +660,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	// once they go on, before their sleeps are counted: unseen.
 	for _, p := range stopped {
 		if pending(p.Pid()) {
-			s.log.Debug("clones made ahead: a signal is pending", "pid", p.Pid())
+			why(fmt.Sprintf("a signal is pending for %d", p.Pid()))
 			s.recycleAhead(ah)
 			return
 		}
@@ -638,6 +675,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	for pid, f := range ah.from {
 		st, err := asleepAgain(ctx, pid)
 		if err != nil {
+			why(err.Error())
 			s.recycleAhead(ah)
 			return
 		}

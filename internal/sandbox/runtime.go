@@ -204,6 +204,7 @@ type Sandbox struct {
 	// sandbox was checkpointed or restored since its last session call.
 	ahead       *aheadClones
 	aheadWanted bool
+	aheadTries  int // clones made again after transient failures, this step (see aheadRetry)
 	stepping    bool
 	// writing counts the operations under way that may change the sandbox
 	// without a session call (commands, files written from the host,
