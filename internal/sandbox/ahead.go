@@ -17,7 +17,6 @@ import (
 	"github.com/deltabox/deltabox/internal/layer"
 	"github.com/deltabox/deltabox/internal/procfs"
 	"github.com/deltabox/deltabox/internal/sandbox/cgroup"
-	"github.com/deltabox/deltabox/internal/sandbox/initproto"
 )
 
 // Clones made ahead of the next checkpoint.
@@ -58,6 +57,9 @@ type runState struct {
 	state  string // "S" (asleep), "T" (stopped), ...
 	sleeps uint64 // voluntary context switches
 	sigCgt uint64 // caught signals (bit n-1 for signal n)
+	// pending: a signal is pending for the thread or the process (or its
+	// mask cannot be read).
+	pending bool
 }
 
 // parseStatus reads a /proc/pid/status and returns its run state and its
@@ -75,6 +77,10 @@ func parseStatus(b []byte) (st runState, threads string) {
 			st.sigCgt, _ = strconv.ParseUint(v, 16, 64)
 		case "voluntary_ctxt_switches":
 			st.sleeps, _ = strconv.ParseUint(v, 10, 64)
+		case "SigPnd", "ShdPnd":
+			if n, err := strconv.ParseUint(v, 16, 64); err != nil || n != 0 {
+				st.pending = true
+			}
 		}
 	}
 	return st, threads
@@ -87,24 +93,6 @@ func readRunState(pid int) (runState, error) {
 	}
 	st, _ := parseStatus(b)
 	return st, nil
-}
-
-// pending reports whether a signal is pending for process pid (or that
-// cannot be read).
-func pending(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return true
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		if k == "SigPnd" || k == "ShdPnd" {
-			if n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil || n != 0 {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // aheadTimed are the caught signals that could come to an idle python
@@ -140,24 +128,18 @@ func (s *Sandbox) SetLayerCopier(c LayerCopier) {
 	s.mu.Unlock()
 }
 
-// aheadCopy is a copy of the live layer made with clones ahead, mounted at
-// root; the clones' generation is set up on it.
-type aheadCopy struct {
-	p    layer.Prepared
-	root string
-}
-
 // aheadClones are the next checkpoint's clones, made ahead in generation g
-// (the spare, theirs from then on), on root (the live root, or copy's), and
-// left in group-stop.
+// (the spare, theirs from then on), on root, and left in group-stop. root is
+// the live root, or with copy, where the copy of the live layer made with
+// them is mounted.
 type aheadClones struct {
 	g        *generation
 	root     string
-	copy     *aheadCopy               // nil: root is the live root
+	copy     *layer.Prepared
 	sessions map[SessionKind]*session // the clones', as CheckpointTemplates would make them
 	cgs      map[string]cgroup.Cgroup // their session cgroups, by name
 	pids     []int                    // their host pids
-	starts   []string                 // and start times (see killAhead)
+	starts   []string                 // and start times (see endAhead)
 	from     map[int]aheadFrom        // by the host pid of the session each was made from
 }
 
@@ -209,6 +191,15 @@ func (ah *aheadClones) stoppedAsCloned(stopped []*inject.Proc) string {
 		}
 	}
 	return ""
+}
+
+// copied is the copy of the layer they were made on, nil when none (or
+// when ah is nil).
+func (ah *aheadClones) copied() *layer.Prepared {
+	if ah == nil {
+		return nil
+	}
+	return ah.copy
 }
 
 // start lets the clones run.
@@ -306,45 +297,81 @@ func (s *Sandbox) dropAhead() bool {
 	return ah != nil
 }
 
-// recycleAhead discards clones made ahead but keeps their generation, set
-// up on the live root again (a pivot, in the background), as the spare: the
+// recycleAhead discards clones made ahead but keeps their generation as
+// the spare (see endAhead).
+func (s *Sandbox) recycleAhead(ah *aheadClones) { s.endAhead(ah, true) }
+
+// discardAhead discards clones made ahead with their generation.
+func (s *Sandbox) discardAhead(ah *aheadClones) { s.endAhead(ah, false) }
+
+// endAhead kills clones made ahead and, in the background, removes their
+// cgroups and the copy of the layer. Their generation is released, or with
+// keep set up on the live root again (a pivot) and kept as the spare: the
 // next checkpoint, or the next clones made ahead, need one, and booting an
-// init costs tens of milliseconds. Until it is back, prepareNext's job
-// waits for it (nexting).
-func (s *Sandbox) recycleAhead(ah *aheadClones) {
+// init costs tens of milliseconds (prepareNext's job waits for it
+// meanwhile: nexting). Until they are gone their processes count as the
+// sandbox's own, not as workload.
+func (s *Sandbox) endAhead(ah *aheadClones, keep bool) {
 	s.mu.Lock()
 	s.leavingAhead(ah)
-	claimed := !s.nexting
-	s.nexting = true
+	claimed := keep && !s.nexting
+	if claimed {
+		s.nexting = true
+	}
 	copier := s.copier
 	s.mu.Unlock()
-	s.killAhead(ah)
+	for i, pid := range ah.pids {
+		// Only while its pid still names it: one that died by itself may
+		// have left its pid to another process.
+		if i < len(ah.starts) && procfs.StartTime(pid) != ah.starts[i] {
+			continue
+		}
+		// Dying takes CPU (their page tables): at the lowest priority, not
+		// against the sessions'.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	for _, ss := range ah.sessions {
+		ss.closePipes()
+	}
 	s.tearDown(func() {
-		defer func() {
-			if claimed {
-				s.nextDone(false)
+		g, kept := ah.g, false
+		if keep {
+			// The live root stays while g is set up on it.
+			s.switchMu.RLock()
+			root := s.Rootfs()
+			ok := ah.copy == nil && ah.root == root
+			if !ok && g.alive() {
+				ok = s.rt.rootInit(context.Background(), s, g, root) == nil
 			}
-		}()
-		// The live root stays while g is set up on it.
-		s.switchMu.RLock()
-		root := s.Rootfs()
-		g := ah.g
-		ok := ah.copy == nil && ah.root == root
-		if !ok && g.alive() {
-			_, err := sendRoot(context.Background(), g, initproto.OpReroot, &initproto.Config{}, root, nil)
-			ok = err == nil
+			s.mu.Lock()
+			if kept = ok && !s.destroyed && s.spare == nil && s.spareFits(g, root); kept {
+				s.spare, s.spareRoot = g, root
+				delete(s.leaving, g.hostPid)
+			}
+			s.mu.Unlock()
+			s.switchMu.RUnlock()
+		}
+		if !kept {
+			g.release() // the death of its init takes the clones
+			s.mu.Lock()
+			delete(s.leaving, g.hostPid)
+			s.mu.Unlock()
+		}
+		for _, cg := range ah.cgs {
+			_ = cg.Delete(context.Background())
+		}
+		if ah.copy != nil {
+			s.dropCopy(copier, ah.root, *ah.copy)
 		}
 		s.mu.Lock()
-		delete(s.leaving, g.hostPid)
-		if ok && !s.destroyed && s.spare == nil && s.spareFits(g, root) {
-			s.spare, s.spareRoot, g = g, root, nil
+		for _, cg := range ah.cgs {
+			delete(s.leavingCgs, cg)
 		}
 		s.mu.Unlock()
-		s.switchMu.RUnlock()
-		if g != nil {
-			g.release()
+		if claimed {
+			s.nextDone(false)
 		}
-		s.dropAheadRest(copier, ah)
 	})
 }
 
@@ -384,92 +411,38 @@ func (s *Sandbox) leavingAhead(ah *aheadClones) {
 	s.leaving[ah.g.hostPid] = true
 }
 
-// discardAhead kills clones made ahead with their generation, and removes
-// their cgroups and the copy of the layer in the background; until those
-// are gone their processes count as the sandbox's own, not as workload.
-func (s *Sandbox) discardAhead(ah *aheadClones) {
-	s.mu.Lock()
-	s.leavingAhead(ah)
-	copier := s.copier
-	s.mu.Unlock()
-	s.killAhead(ah)
-	s.tearDown(func() {
-		ah.g.release() // the death of its init takes the clones
-		s.mu.Lock()
-		delete(s.leaving, ah.g.hostPid)
-		s.mu.Unlock()
-		s.dropAheadRest(copier, ah)
-	})
-}
-
-// killAhead kills clones made ahead, each only while its pid still names
-// it (one that died by itself may have left its pid to another process).
-func (s *Sandbox) killAhead(ah *aheadClones) {
-	for i, pid := range ah.pids {
-		if i < len(ah.starts) && procfs.StartTime(pid) != ah.starts[i] {
-			continue
-		}
-		// Dying takes CPU (their page tables): at the lowest priority, not
-		// against the sessions'.
-		_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
-	for _, ss := range ah.sessions {
-		ss.closePipes()
-	}
-}
-
-// dropAheadRest removes the cgroups and the copy of the layer of clones
-// made ahead, once their generation is set up elsewhere or gone.
-func (s *Sandbox) dropAheadRest(copier LayerCopier, ah *aheadClones) {
-	for _, cg := range ah.cgs {
-		_ = cg.Delete(context.Background())
-	}
-	if ah.copy != nil {
-		s.dropCopy(copier, ah.copy)
-	}
-	s.mu.Lock()
-	for _, cg := range ah.cgs {
-		delete(s.leavingCgs, cg)
-	}
-	s.mu.Unlock()
-}
-
-// dropCopy unmounts and discards a copy of the layer that no generation
-// is set up on any more.
-func (s *Sandbox) dropCopy(copier LayerCopier, c *aheadCopy) {
-	if c.root != "" {
-		if err := unix.Unmount(c.root, unix.MNT_DETACH); err != nil {
+// dropCopy unmounts (from root, unless "") and discards a copy of the
+// layer that no generation is set up on any more.
+func (s *Sandbox) dropCopy(copier LayerCopier, root string, p layer.Prepared) {
+	if root != "" {
+		if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
 			s.log.Warn("clones made ahead: unmount the copy of the layer", "err", err)
 		}
-		_ = os.Remove(c.root)
+		_ = os.Remove(root)
 	}
-	if err := copier.DiscardCopy(context.Background(), c.p); err != nil {
+	if err := copier.DiscardCopy(context.Background(), p); err != nil {
 		s.log.Warn("clones made ahead: discard the copy of the layer", "err", err)
 	}
 }
 
-// copyAhead copies the live layer (view) for clones made ahead in g and
-// sets g up on the copy. A copy that cannot be made leaves g as it was
-// (nil, nil); failing after that, g is spent (nil, err).
-func (s *Sandbox) copyAhead(ctx context.Context, g *generation, copier LayerCopier, view layer.View) (*aheadCopy, error) {
+// copyAhead copies the live layer (view) for the clones made ahead of ah,
+// mounts it and sets their generation up on it (ah.copy, ah.root). A copy
+// that cannot be made or mounted leaves them on the live root (nil);
+// failing after that, the generation is spent (an error).
+func (s *Sandbox) copyAhead(ctx context.Context, ah *aheadClones, copier LayerCopier, view layer.View) error {
 	p, err := copier.CopyLayer(ctx, view)
 	if err != nil {
 		s.log.Debug("clones made ahead: on the live root", "why", err)
-		return nil, nil
+		return nil
 	}
-	c := &aheadCopy{p: p}
-	if c.root, err = s.mountRoot(p.View); err != nil {
-		c.root = ""
-		s.dropCopy(copier, c)
+	root, err := s.mountRoot(p.View)
+	if err != nil {
+		s.dropCopy(copier, "", p)
 		s.log.Debug("clones made ahead: on the live root", "why", err)
-		return nil, nil
+		return nil
 	}
-	if _, err := sendRoot(ctx, g, initproto.OpReroot, &initproto.Config{}, c.root, nil); err != nil {
-		s.dropCopy(copier, c)
-		return nil, err
-	}
-	return c, nil
+	ah.copy, ah.root = &p, root
+	return s.rt.rootInit(ctx, s, ah.g, root)
 }
 
 // cloneAhead makes the next checkpoint's clones in the spare generation
@@ -624,11 +597,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	ah := &aheadClones{g: g, root: root, cgs: map[string]cgroup.Cgroup{}, from: map[int]aheadFrom{}}
 	if copier != nil {
 		// The layer as the sessions left it: while they are stopped.
-		c, err := s.copyAhead(ctx, g, copier, view)
-		if c != nil {
-			ah.copy, ah.root = c, c.root
-		}
-		if err != nil {
+		if err := s.copyAhead(ctx, ah, copier, view); err != nil {
 			why(err.Error())
 			s.discardAhead(ah)
 			return
@@ -659,7 +628,7 @@ func (s *Sandbox) cloneAhead(ctx context.Context) {
 	// A signal that came while they were stopped would run its handler
 	// once they go on, before their sleeps are counted: unseen.
 	for _, p := range stopped {
-		if pending(p.Pid()) {
+		if st, err := readRunState(p.Pid()); err != nil || st.pending {
 			why(fmt.Sprintf("a signal is pending for %d", p.Pid()))
 			s.recycleAhead(ah)
 			return

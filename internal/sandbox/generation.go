@@ -45,9 +45,10 @@ type generation struct {
 	c       *initproto.Conn
 	log     *slog.Logger
 	onFree  []func() // run after the init died (its root's mount, its cgroup)
-	// standIn marks an init set up ahead on the runtime's stand-in root
-	// (see Runtime.setUpAhead): a reroot gives it its sandbox's root.
-	standIn bool
+	// configured marks an init that has its config and a root (the
+	// runtime's stand-in, set up ahead, or a sandbox's): rootInit moves
+	// it to another root with a reroot.
+	configured bool
 
 	mu      sync.Mutex // guards the fields below
 	nspids  []int      // the init's pid in each pid namespace, host's first (see pidAt)

@@ -530,7 +530,7 @@ func (r *Runtime) setUpAhead(ctx context.Context, g *generation) error {
 	if _, err := sendRoot(ctx, g, initproto.OpConfig, &initproto.Config{Seccomp: r.filter}, r.standIn, nil); err != nil {
 		return err
 	}
-	g.standIn = true
+	g.configured = true
 	return nil
 }
 
@@ -546,8 +546,9 @@ func (r *Runtime) makeStandIn() error {
 }
 
 // rootInit gives the init of g, a generation of sb, its root at rootfs:
-// its config (it sets the root up), or, when it was set up ahead
-// (setUpAhead), a reroot into it.
+// its config (it sets the root up), or, when it has one already (set up
+// ahead on the stand-in, or on another root of the sandbox), a reroot into
+// it.
 func (r *Runtime) rootInit(ctx context.Context, sb *Sandbox, g *generation, rootfs string) error {
 	home, err := sb.cg.TasksFile() // v1 only: nil on v2
 	if err != nil {
@@ -556,14 +557,14 @@ func (r *Runtime) rootInit(ctx context.Context, sb *Sandbox, g *generation, root
 		defer home.Close()
 	}
 	op, cfg := initproto.OpConfig, &initproto.Config{Hostname: sb.hostname, Seccomp: r.filter}
-	if g.standIn {
+	if g.configured {
 		op, cfg = initproto.OpReroot, &initproto.Config{Hostname: sb.hostname}
 	}
 	reply, err := sendRoot(ctx, g, op, cfg, rootfs, home)
 	if err != nil {
 		return err
 	}
-	g.standIn = false
+	g.configured = true
 	sb.log.Debug("init ready", "steps", reply.Trace)
 	return nil
 }

@@ -427,12 +427,8 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 			}
 		}
 	}
-	// With a copy made ahead, the capture is the switch to it: nothing to
-	// capture in the pause but the commit's bookkeeping.
-	var copied *layer.Prepared
-	if ah != nil && ah.copy != nil {
-		copied = &ah.copy.p
-	}
+	// With a copy made ahead (ah.copied), the capture is the switch to it:
+	// nothing to capture in the pause but the commit's bookkeeping.
 	captureTo := func(p *layer.Prepared) func(context.Context, func()) error {
 		return func(ctx context.Context, captured func()) error { return capture(ctx, p, captured) }
 	}
@@ -476,7 +472,6 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		if err := stale("a session ran"); err != nil {
 			return nil, err
 		}
-		copied = nil
 	}
 	// 4. The filesystem at this instant: nothing of the sandbox runs. It is
 	//    taken while the sessions are verified and cloned; the clones start
@@ -492,7 +487,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		}
 	}()
 	began := time.Now()
-	if ah != nil && copied == nil {
+	if ah != nil && ah.copied() == nil {
 		cr = startCapture(ctx, captureTo(nil))
 	}
 	order := make([]*session, 0, len(byPid))
@@ -513,13 +508,12 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 				_ = cr.wait()
 				cr = nil
 			}
-			copied = nil
 			if err := stale(why); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if cr == nil && copied == nil {
+	if cr == nil && ah.copied() == nil {
 		cr = startCapture(ctx, captureTo(nil))
 	}
 	// The look that counts, off the pause's path: the clones are made from
@@ -590,7 +584,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	if cr == nil && cerr == nil {
 		// The switch to the copy, once nothing can undo the checkpoint:
 		// the layer store cannot take it back.
-		cr = startCapture(ctx, captureTo(copied))
+		cr = startCapture(ctx, captureTo(ah.copied()))
 	}
 	switch {
 	case cerr == nil:
@@ -637,9 +631,9 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 	s.mu.Lock()
 	s.g = next
 	oldRoot := ""
-	if copied != nil { // the sandbox goes on in the copy
+	if p := ah.copied(); p != nil { // the sandbox goes on in the copy
 		oldRoot = s.rootfs
-		s.rootfs, s.view = ah.copy.root, copied.View
+		s.rootfs, s.view = ah.root, p.View
 	}
 	var oldShell *session
 	for _, ss := range sessions {
@@ -671,7 +665,7 @@ func (s *Sandbox) CheckpointTemplates(ctx context.Context, name string, capture 
 		s.detachRoot(oldRoot) // the templates' now: their generation holds it
 	}
 	s.log.Debug("checkpoint templates", "seize_ms", ms(seized.Sub(began)), "root_ms", ms(configured.Sub(seized)),
-		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause), "ahead", ah != nil, "switched", copied != nil)
+		"capture_ms", ms(cr.when.Sub(began)), "clone_ms", ms(cloned.Sub(configured)), "pause_ms", ms(ts.Pause), "ahead", ah != nil, "switched", ah.copied() != nil)
 	// The templates' home (made before the pause); then, off the pause,
 	// the next checkpoint's generation, and the templates' generations
 	// outlive the daemon.
