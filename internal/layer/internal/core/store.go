@@ -220,6 +220,22 @@ func (s *Store) lockOf(id string) *sync.RWMutex {
 	return l
 }
 
+// lockActive checks id, locks the layer for writing and returns its record,
+// which must be active; unlock releases the lock (a no-op on error).
+func (s *Store) lockActive(op, id string) (a record, unlock func(), err error) {
+	if err := checkID(op, id); err != nil {
+		return record{}, func() {}, err
+	}
+	l := s.lockOf(id)
+	l.Lock()
+	a, err = s.get(op, id, layer.KindActive)
+	if err != nil {
+		l.Unlock()
+		return record{}, func() {}, err
+	}
+	return a, l.Unlock, nil
+}
+
 // get returns a copy of id's record, checking its kind when want is not
 // KindUnknown.
 func (s *Store) get(op, id string, want layer.Kind) (record, error) {
@@ -336,13 +352,8 @@ func (s *Store) Commit(ctx context.Context, active string, opts ...layer.Opt) (c
 	if err != nil {
 		return committed, next, err
 	}
-	if err := checkID("commit", active); err != nil {
-		return committed, next, err
-	}
-	l := s.lockOf(active)
-	l.Lock()
-	defer l.Unlock()
-	a, err := s.get("commit", active, layer.KindActive)
+	a, unlock, err := s.lockActive("commit", active)
+	defer unlock()
 	if err != nil {
 		return committed, next, err
 	}
@@ -390,13 +401,8 @@ func (s *Store) LiveCommit(ctx context.Context, active string, opts ...layer.Opt
 	if err != nil {
 		return layer.Info{}, err
 	}
-	if err := checkID("commit", active); err != nil {
-		return layer.Info{}, err
-	}
-	l := s.lockOf(active)
-	l.Lock()
-	defer l.Unlock()
-	a, err := s.get("commit", active, layer.KindActive)
+	a, unlock, err := s.lockActive("commit", active)
+	defer unlock()
 	if err != nil {
 		return layer.Info{}, err
 	}
@@ -426,13 +432,8 @@ func (s *Store) PrepareFlat(ctx context.Context, active string) (layer.Prepared,
 	if !s.b.Flat {
 		return layer.Prepared{}, fmt.Errorf("prepare a commit of layer %q: the store's layers are not flat: %w", active, errdefs.ErrFailedPrecondition)
 	}
-	if err := checkID("prepare a commit of", active); err != nil {
-		return layer.Prepared{}, err
-	}
-	l := s.lockOf(active)
-	l.Lock()
-	defer l.Unlock()
-	a, err := s.get("prepare a commit of", active, layer.KindActive)
+	a, unlock, err := s.lockActive("prepare a commit of", active)
+	defer unlock()
 	if err != nil {
 		return layer.Prepared{}, err
 	}
@@ -455,10 +456,8 @@ func (s *Store) CommitFlat(ctx context.Context, p layer.Prepared, opts ...layer.
 	if err := s.checkPrepared("commit", p); err != nil {
 		return layer.Info{}, err
 	}
-	l := s.lockOf(p.Active)
-	l.Lock()
-	defer l.Unlock()
-	a, err := s.get("commit", p.Active, layer.KindActive)
+	a, unlock, err := s.lockActive("commit", p.Active)
+	defer unlock()
 	if err != nil {
 		return layer.Info{}, err
 	}
